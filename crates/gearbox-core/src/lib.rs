@@ -1,0 +1,22 @@
+//! gearbox-core: the vocabulary every other gearbox crate speaks.
+//!
+//! It owns the request a caller makes ([`ExecRequest`]), the limits that bound a run
+//! ([`Limits`]), the language table ([`LanguageSpec`]), the outcome of a run ([`Outcome`]),
+//! output capture, name validation, and the [`Sandbox`] trait that every backend implements.
+//! It must not know how any backend isolates code, nor speak MCP.
+
+pub mod capture;
+pub mod language;
+pub mod limits;
+pub mod names;
+pub mod outcome;
+pub mod request;
+pub mod sandbox;
+
+pub use capture::{CappedOutput, read_capped};
+pub use language::{LanguageSpec, LanguageTable, ResolvedLanguage};
+pub use limits::{LimitOverrides, Limits};
+pub use names::{NameError, validate_relative_path};
+pub use outcome::{Outcome, ResourceUsage, Status};
+pub use request::{Encoding, ExecRequest, FileInput, Job, JobFile};
+pub use sandbox::{BackendKind, BackendReport, RunFuture, Sandbox, SandboxError};

@@ -1,0 +1,155 @@
+//! The engine: one per process, shared by every transport.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use gearbox_core::{
+    BackendKind, BackendReport, ExecRequest, Job, LanguageTable, Outcome, ResolvedLanguage, Sandbox,
+};
+use gearbox_sandbox::{LinuxSandbox, ProcessSandbox};
+use serde::Serialize;
+
+use crate::config::Config;
+
+/// A configured language as this host sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LanguageInfo {
+    pub name: String,
+    pub extensions: Vec<String>,
+    pub entrypoint: String,
+    /// Real interpreter path, when one was found.
+    pub interpreter: Option<String>,
+    pub version: Option<String>,
+    /// Why the language cannot run here, when it cannot.
+    pub unavailable: Option<String>,
+}
+
+pub struct Engine {
+    config: Config,
+    languages: LanguageTable,
+    resolved: Mutex<HashMap<String, Result<ResolvedLanguage, String>>>,
+    backends: HashMap<BackendKind, Arc<dyn Sandbox>>,
+}
+
+impl Engine {
+    /// Build an engine. `helper` is the gearbox binary the Linux and process backends
+    /// re-execute as their sandbox helper (normally `std::env::current_exe()`).
+    pub fn new(config: Config, helper: PathBuf) -> Engine {
+        let mut languages = LanguageTable::builtin();
+        languages.merge(config.languages.clone());
+        let mut backends: HashMap<BackendKind, Arc<dyn Sandbox>> = HashMap::new();
+        backends.insert(
+            BackendKind::Linux,
+            Arc::new(LinuxSandbox::new(helper.clone())),
+        );
+        backends.insert(BackendKind::Process, Arc::new(ProcessSandbox::new(helper)));
+        Engine {
+            config,
+            languages,
+            resolved: Mutex::new(HashMap::new()),
+            backends,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn language_table(&self) -> &LanguageTable {
+        &self.languages
+    }
+
+    /// Register an extra backend (wasm, docker) built elsewhere.
+    pub fn add_backend(&mut self, sandbox: Arc<dyn Sandbox>) {
+        self.backends.insert(sandbox.kind(), sandbox);
+    }
+
+    pub fn backend_kinds(&self) -> Vec<BackendKind> {
+        let mut v: Vec<_> = self.backends.keys().copied().collect();
+        v.sort_by_key(|k| k.as_str());
+        v
+    }
+
+    fn resolve(&self, language: &str) -> Result<ResolvedLanguage, String> {
+        let mut cache = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .entry(language.to_string())
+            .or_insert_with(|| self.languages.resolve(language))
+            .clone()
+    }
+
+    /// Run a request to completion. Every failure is an outcome: refusals are `denied`,
+    /// a sandbox that could not start is `error` with the reason.
+    pub async fn execute(&self, req: ExecRequest, backend: Option<BackendKind>) -> Outcome {
+        let kind = backend.unwrap_or(self.config.backend);
+        let lang = req.language.clone();
+        let Some(sandbox) = self.backends.get(&kind).cloned() else {
+            return Outcome::failed_to_start(
+                &lang,
+                kind.as_str(),
+                format!("backend {kind} is not available in this build"),
+            );
+        };
+        let resolved = match self.resolve(&lang) {
+            Ok(r) => r,
+            Err(e) => return Outcome::failed_to_start(&lang, kind.as_str(), e),
+        };
+        let job = match Job::build(&req, &resolved, &self.config.limits) {
+            Ok(j) => j,
+            Err(e) => return Outcome::denied(&lang, kind.as_str(), e),
+        };
+        match sandbox.run(job).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                tracing::warn!(backend = %kind, error = %e, "sandbox failed");
+                Outcome::failed_to_start(&lang, kind.as_str(), e.to_string())
+            }
+        }
+    }
+
+    /// Every configured language and whether it runs here.
+    pub fn languages(&self, with_versions: bool) -> Vec<LanguageInfo> {
+        let names: Vec<String> = self.languages.names().map(str::to_string).collect();
+        let infos: Vec<LanguageInfo> = std::thread::scope(|s| {
+            let handles: Vec<_> = names
+                .iter()
+                .map(|name| {
+                    s.spawn(move || {
+                        let spec = self.languages.get(name).cloned();
+                        let resolved = self.resolve(name);
+                        let (interpreter, version, unavailable) = match &resolved {
+                            Ok(r) => (
+                                Some(r.interpreter.display().to_string()),
+                                if with_versions { r.version() } else { None },
+                                None,
+                            ),
+                            Err(e) => (None, None, Some(e.clone())),
+                        };
+                        LanguageInfo {
+                            name: name.clone(),
+                            extensions: spec
+                                .as_ref()
+                                .map(|s| s.extensions.clone())
+                                .unwrap_or_default(),
+                            entrypoint: spec.map(|s| s.entrypoint).unwrap_or_default(),
+                            interpreter,
+                            version,
+                            unavailable,
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        infos
+    }
+
+    /// What each backend enforces on this host.
+    pub fn probe(&self) -> Vec<BackendReport> {
+        self.backend_kinds()
+            .into_iter()
+            .filter_map(|k| self.backends.get(&k).map(|b| b.probe()))
+            .collect()
+    }
+}

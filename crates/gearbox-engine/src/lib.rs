@@ -1,0 +1,12 @@
+//! gearbox-engine: the path from a request to an outcome.
+//!
+//! It owns configuration ([`Config`]), resolves languages once per process, validates a request
+//! into a [`gearbox_core::Job`], picks the backend and runs it. Transports (MCP, CLI) call
+//! [`Engine::execute`] and nothing below it. It must not speak MCP nor know how a backend
+//! isolates.
+
+pub mod config;
+mod engine;
+
+pub use config::{Config, ConfigError};
+pub use engine::{Engine, LanguageInfo};

@@ -1,0 +1,17 @@
+//! gearbox-sandbox: the `linux` and `process` backends.
+//!
+//! Both run the program through a helper process: the gearbox binary re-executed with the
+//! hidden `__jail` subcommand ([`jail_main`]). Namespaces must be entered by a single-threaded
+//! process (`unshare(CLONE_NEWUSER)` fails in a multithreaded one), and a helper that dies
+//! takes its whole sandbox with it. The server side ([`LinuxSandbox`], [`ProcessSandbox`])
+//! feeds the helper the job, reads stdout and stderr while the program runs, and turns the
+//! helper's report into an [`gearbox_core::Outcome`].
+
+mod backend;
+
+pub use backend::{LinuxSandbox, ProcessSandbox};
+
+/// Entry point of the `__jail` helper. Never returns.
+pub fn jail_main() -> ! {
+    std::process::exit(111)
+}

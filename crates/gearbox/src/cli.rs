@@ -1,0 +1,371 @@
+//! Command-line parsing (as given) and dispatch (resolved settings).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use base64::Engine as _;
+use clap::{Parser, Subcommand};
+use gearbox_core::{
+    BackendKind, Encoding, ExecRequest, FileInput, LimitOverrides, Outcome, Status,
+};
+use gearbox_engine::{Config, Engine};
+
+/// Exit status of `gearbox run` when the wall-clock limit expired.
+pub const EXIT_TIMEOUT: u8 = 124;
+/// Exit status when a resource limit killed the program.
+pub const EXIT_KILLED: u8 = 125;
+/// Exit status when policy refused the run.
+pub const EXIT_DENIED: u8 = 126;
+/// Exit status when the sandbox itself failed (the program never ran).
+pub const EXIT_SANDBOX_FAILED: u8 = 70;
+
+#[derive(Parser)]
+#[command(
+    name = "gearbox",
+    version,
+    about = "Run untrusted code in sandboxes chosen by policy"
+)]
+struct Cli {
+    /// Configuration file (TOML). Defaults are used when absent.
+    #[arg(long, global = true, env = "GEARBOX_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log filter (tracing syntax), e.g. `info` or `gearbox=debug`. Logs go to stderr.
+    #[arg(long, global = true, env = "GEARBOX_LOG", default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a file (or `-` for stdin) in a fresh sandbox and exit with the program's status.
+    Run(RunArgs),
+    /// Report which backends and languages work on this host, and why not.
+    Doctor {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the JSON Schema of the configuration file.
+    ConfigSchema,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Program file, or `-` to read the program from stdin.
+    file: String,
+    /// Arguments passed to the program.
+    #[arg(last = true)]
+    args: Vec<String>,
+    /// Language; taken from the file extension when omitted.
+    #[arg(long, short)]
+    language: Option<String>,
+    /// Backend: linux (default), process.
+    #[arg(long)]
+    backend: Option<BackendKind>,
+    /// Wall-clock limit, e.g. `2s`, `500ms`, `1m`.
+    #[arg(long, value_parser = parse_duration_ms)]
+    timeout: Option<u64>,
+    /// Memory limit, e.g. `128M`, `1G` (MiB when no unit).
+    #[arg(long, value_parser = parse_size_mb)]
+    memory: Option<u64>,
+    /// Extra files or directories copied into the workspace (repeatable).
+    #[arg(long = "files", short = 'f')]
+    files: Vec<PathBuf>,
+    /// File whose content is the program's stdin (default: none, the program reads EOF).
+    #[arg(long)]
+    stdin: Option<PathBuf>,
+    /// Environment variable for the program, `NAME=VALUE` (repeatable).
+    #[arg(long = "env", short = 'e')]
+    env: Vec<String>,
+    /// Print the outcome as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.log);
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gearbox: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_tracing(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn load_config(path: Option<&Path>) -> Result<Config> {
+    match path {
+        Some(p) => Ok(Config::load(p)?),
+        None => Ok(Config::default()),
+    }
+}
+
+fn engine(config: Config) -> Result<Engine> {
+    let exe = std::env::current_exe().context("locating the gearbox binary")?;
+    Ok(Engine::new(config, exe))
+}
+
+fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let config = load_config(cli.config.as_deref())?;
+    match cli.command {
+        Command::Run(args) => run(engine(config)?, args),
+        Command::Doctor { json } => doctor(engine(config)?, json),
+        Command::ConfigSchema => {
+            println!("{}", serde_json::to_string_pretty(&Config::json_schema())?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
+    let (code, from_name) = if args.file == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading the program from stdin")?;
+        (s, None)
+    } else {
+        let p = PathBuf::from(&args.file);
+        let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        (s, Some(p))
+    };
+    let language = match (&args.language, &from_name) {
+        (Some(l), _) => l.clone(),
+        (None, Some(p)) => {
+            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or_default();
+            engine
+                .language_table()
+                .by_extension(ext)
+                .map(str::to_string)
+                .with_context(|| format!("no language for extension {ext:?}; pass --language"))?
+        }
+        (None, None) => bail!("reading the program from stdin needs --language"),
+    };
+    let entrypoint = from_name
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned());
+    let mut files = Vec::new();
+    for f in &args.files {
+        collect_files(f, &mut files)?;
+    }
+    let mut env = BTreeMap::new();
+    for kv in &args.env {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--env {kv:?} is not NAME=VALUE"))?;
+        env.insert(k.to_string(), v.to_string());
+    }
+    let stdin = match &args.stdin {
+        Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+        None => Vec::new(),
+    };
+    let req = ExecRequest {
+        language,
+        code,
+        entrypoint,
+        files,
+        stdin,
+        args: args.args.clone(),
+        env,
+        limits: LimitOverrides {
+            timeout_ms: args.timeout,
+            memory_mb: args.memory,
+            ..Default::default()
+        },
+        network: false,
+    };
+    let outcome = runtime()?.block_on(engine.execute(req, args.backend));
+    report(&outcome, args.json)?;
+    Ok(ExitCode::from(exit_status(&outcome)))
+}
+
+fn report(outcome: &Outcome, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(outcome)?);
+        return Ok(());
+    }
+    std::io::stdout().write_all(outcome.stdout.as_bytes())?;
+    std::io::stdout().flush()?;
+    std::io::stderr().write_all(outcome.stderr.as_bytes())?;
+    if !matches!(outcome.status, Status::Ok | Status::Error) || outcome.reason.is_some() {
+        eprintln!("gearbox: {}: {}", outcome.status, outcome.summary());
+    }
+    Ok(())
+}
+
+/// The exit status that mirrors an outcome.
+fn exit_status(o: &Outcome) -> u8 {
+    match o.status {
+        Status::Ok => 0,
+        Status::Timeout => EXIT_TIMEOUT,
+        Status::Killed => EXIT_KILLED,
+        Status::Denied | Status::PendingApproval => EXIT_DENIED,
+        Status::Error => match (o.exit_code, o.signal) {
+            (_, Some(sig)) => 128u8.saturating_add(u8::try_from(sig).unwrap_or(0)),
+            (Some(code), None) => u8::try_from(code & 0xff).unwrap_or(1).max(1),
+            (None, None) => EXIT_SANDBOX_FAILED,
+        },
+    }
+}
+
+/// Add `path` (a file, or a directory walked recursively) to `out`, named relative to it.
+fn collect_files(path: &Path, out: &mut Vec<FileInput>) -> Result<()> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if meta.is_file() {
+        let name = path
+            .file_name()
+            .context("file without a name")?
+            .to_string_lossy();
+        out.push(file_input(name.into_owned(), &std::fs::read(path)?));
+        return Ok(());
+    }
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<FileInput>) -> Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let p = entry.path();
+            let ft = entry.file_type()?;
+            if ft.is_dir() {
+                walk(root, &p, out)?;
+            } else if ft.is_file() {
+                let rel = p.strip_prefix(root)?.to_string_lossy().into_owned();
+                out.push(file_input(rel, &std::fs::read(&p)?));
+            }
+        }
+        Ok(())
+    }
+    walk(path, path, out)
+}
+
+fn file_input(filename: String, bytes: &[u8]) -> FileInput {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => FileInput {
+            filename,
+            content: s.to_string(),
+            encoding: Encoding::Utf8,
+        },
+        Err(_) => FileInput {
+            filename,
+            content: base64::engine::general_purpose::STANDARD.encode(bytes),
+            encoding: Encoding::Base64,
+        },
+    }
+}
+
+fn doctor(engine: Engine, json: bool) -> Result<ExitCode> {
+    let backends = engine.probe();
+    let languages = engine.languages(true);
+    if json {
+        let v = serde_json::json!({ "backends": backends, "languages": languages });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("backends:");
+    for b in &backends {
+        let mark = if b.available { "ok " } else { "NO " };
+        println!("  [{mark}] {}", b.backend);
+        for d in &b.details {
+            println!("        {d}");
+        }
+    }
+    println!("languages:");
+    for l in &languages {
+        match (&l.interpreter, &l.unavailable) {
+            (Some(i), _) => println!(
+                "  [ok ] {:<11} {} ({})",
+                l.name,
+                i,
+                l.version.as_deref().unwrap_or("version unknown")
+            ),
+            (None, Some(why)) => println!("  [NO ] {:<11} {why}", l.name),
+            (None, None) => println!("  [NO ] {}", l.name),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `2s`, `500ms`, `1m`, `1.5s`; a bare number is seconds.
+fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000.0)
+    } else {
+        (s, 1000.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 2s or 500ms"))?;
+    if !(v > 0.0) {
+        return Err(format!("{s:?} must be positive"));
+    }
+    Ok((v * mult).round() as u64)
+}
+
+/// `128M`, `1G`, `512` (MiB), `64MiB`.
+fn parse_size_mb(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_uppercase();
+    let t = t.trim_end_matches("IB").trim_end_matches('B');
+    let (num, mult) = if let Some(n) = t.strip_suffix('G') {
+        (n, 1024.0)
+    } else if let Some(n) = t.strip_suffix('M') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('K') {
+        (n, 1.0 / 1024.0)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 128M or 1G"))?;
+    let mb = (v * mult).ceil();
+    if !(mb >= 1.0) {
+        return Err(format!("{s:?} is below 1 MiB"));
+    }
+    Ok(mb as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes_parse() {
+        assert_eq!(parse_duration_ms("2s"), Ok(2000));
+        assert_eq!(parse_duration_ms("500ms"), Ok(500));
+        assert_eq!(parse_duration_ms("1m"), Ok(60_000));
+        assert_eq!(parse_duration_ms("3"), Ok(3000));
+        assert!(parse_duration_ms("soon").is_err());
+        assert!(parse_duration_ms("0s").is_err());
+        assert_eq!(parse_size_mb("128M"), Ok(128));
+        assert_eq!(parse_size_mb("1G"), Ok(1024));
+        assert_eq!(parse_size_mb("64MiB"), Ok(64));
+        assert!(parse_size_mb("lots").is_err());
+    }
+}
