@@ -1,5 +1,7 @@
 //! Reading a program's output while it runs: capped, never blocking the writer, lossy UTF-8.
 
+use std::future::Future;
+
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// What was kept of one output stream.
@@ -15,13 +17,39 @@ pub struct CappedOutput {
 /// Read `reader` to EOF, keeping at most `cap` bytes. Reading continues past the cap (the
 /// bytes are counted and dropped) so the writer never blocks on a full pipe. Invalid UTF-8 is
 /// replaced; a multi-byte character cut by the cap is dropped whole.
-pub async fn read_capped<R: AsyncRead + Unpin>(mut reader: R, cap: u64) -> CappedOutput {
+pub async fn read_capped<R: AsyncRead + Unpin>(reader: R, cap: u64) -> CappedOutput {
+    read_capped_until(reader, cap, std::future::pending::<()>()).await
+}
+
+/// Like [`read_capped`], but stop early (keeping what was read) once `stop` completes and no
+/// data arrives. Used when the writer's process is gone but an escaped descendant might still
+/// hold the pipe open.
+pub async fn read_capped_until<R, S>(mut reader: R, cap: u64, stop: S) -> CappedOutput
+where
+    R: AsyncRead + Unpin,
+    S: Future<Output = ()>,
+{
+    let mut stop = std::pin::pin!(stop);
+    let mut stopped = false;
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     let mut kept: Vec<u8> = Vec::with_capacity(cap.min(64 * 1024));
     let mut total: u64 = 0;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        match reader.read(&mut buf).await {
+        let read = if stopped {
+            match tokio::time::timeout(std::time::Duration::from_millis(0), reader.read(&mut buf))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => break,
+            }
+        } else {
+            tokio::select! {
+                r = reader.read(&mut buf) => r,
+                _ = &mut stop => { stopped = true; continue; }
+            }
+        };
+        match read {
             Ok(0) => break,
             Ok(n) => {
                 total += n as u64;

@@ -13,7 +13,7 @@ pub mod outcome;
 pub mod request;
 pub mod sandbox;
 
-pub use capture::{CappedOutput, read_capped};
+pub use capture::{CappedOutput, read_capped, read_capped_until};
 pub use language::{LanguageSpec, LanguageTable, ResolvedLanguage};
 pub use limits::{LimitOverrides, Limits};
 pub use names::{NameError, validate_relative_path};

@@ -34,6 +34,62 @@ pub struct Config {
     pub languages: BTreeMap<String, LanguageSpec>,
     /// Directory of named snippets (`NAME.py`, `NAME.js`, ...) that calls may run by name.
     pub snippets_dir: Option<PathBuf>,
+    /// MCP tool profiles `gearbox serve` exposes (default `["default"]`): `default`
+    /// (`execute_code`), `isolator` (`execute_code` of isolator-mcp), `quickjs`
+    /// (`run_javascript_code`), `heroku` (`code_exec_python`), `sidecar` (`execute`,
+    /// `list_packages`). `--profile` on the command line replaces this list.
+    pub profiles: Vec<ToolProfile>,
+}
+
+/// A set of MCP tools named and shaped like those of a system gearbox replaces, so prompts
+/// written for it keep working.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolProfile {
+    /// `execute_code` with every gearbox argument.
+    Default,
+    /// isolator-mcp: `execute_code` (`language`, `entrypoint_code`, `snippet_name`, ...).
+    Isolator,
+    /// MCP QuickJS runner: `run_javascript_code` (`code`).
+    Quickjs,
+    /// mcp-code-exec-python: `code_exec_python` (`code`, `packages`, `use_temp_dir`).
+    Heroku,
+    /// The Python sidecar: `execute` (`code`, `language`) and `list_packages`.
+    Sidecar,
+}
+
+impl ToolProfile {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolProfile::Default => "default",
+            ToolProfile::Isolator => "isolator",
+            ToolProfile::Quickjs => "quickjs",
+            ToolProfile::Heroku => "heroku",
+            ToolProfile::Sidecar => "sidecar",
+        }
+    }
+}
+
+impl std::fmt::Display for ToolProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ToolProfile {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "default" => Ok(ToolProfile::Default),
+            "isolator" => Ok(ToolProfile::Isolator),
+            "quickjs" => Ok(ToolProfile::Quickjs),
+            "heroku" => Ok(ToolProfile::Heroku),
+            "sidecar" => Ok(ToolProfile::Sidecar),
+            other => Err(format!(
+                "unknown profile {other:?} (expected default, isolator, quickjs, heroku or sidecar)"
+            )),
+        }
+    }
 }
 
 impl Default for Config {
@@ -43,6 +99,7 @@ impl Default for Config {
             limits: Limits::default(),
             languages: BTreeMap::new(),
             snippets_dir: None,
+            profiles: vec![ToolProfile::Default],
         }
     }
 }
@@ -86,6 +143,8 @@ mod tests {
         let e = Config::from_toml(Path::new("x.toml"), "[limits]\ntimeout_sec = 3\n")
             .expect_err("unknown key");
         assert!(e.to_string().contains("timeout_sec"), "{e}");
+        let e = Config::from_toml(Path::new("x.toml"), "profiles = [\"e2b\"]\n").expect_err("bad");
+        assert!(e.to_string().contains("e2b"), "{e}");
         let e = Config::from_toml(Path::new("x.toml"), "backend = \"vm\"\n").expect_err("bad");
         assert!(
             e.to_string().contains("backend") || e.to_string().contains("vm"),

@@ -5,13 +5,18 @@
 //! process (`unshare(CLONE_NEWUSER)` fails in a multithreaded one), and a helper that dies
 //! takes its whole sandbox with it. The server side ([`LinuxSandbox`], [`ProcessSandbox`])
 //! feeds the helper the job, reads stdout and stderr while the program runs, and turns the
-//! helper's report into an [`gearbox_core::Outcome`].
+//! helper's report into an [`gearbox_core::Outcome`]. This crate must not know about MCP,
+//! gears or configuration files.
 
 mod backend;
+mod jail;
+mod probe;
+pub mod wire;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};
+pub use jail::CgroupSupport;
 
 /// Entry point of the `__jail` helper. Never returns.
 pub fn jail_main() -> ! {
-    std::process::exit(111)
+    jail::main()
 }

@@ -1,0 +1,277 @@
+//! Per-run cgroups: memory (no swap), pids, and CPU accounting. cgroup v1 hierarchies (as on
+//! this kind of host) and a delegated cgroup v2 tree are both supported; where neither is
+//! writable (an unprivileged helper), the run falls back to rlimits and `doctor` says so.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gearbox_core::Limits;
+
+/// Name of gearbox's parent cgroup in each hierarchy.
+const PARENT: &str = "gearbox";
+
+/// Which cgroup layout the host offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupSupport {
+    /// v1 hierarchies by controller.
+    V1 {
+        memory: Option<PathBuf>,
+        pids: Option<PathBuf>,
+        cpuacct: Option<PathBuf>,
+    },
+    /// A v2 mount with the memory and pids controllers available.
+    V2 {
+        root: PathBuf,
+    },
+    None {
+        why: String,
+    },
+}
+
+impl CgroupSupport {
+    /// Read /proc/self/mountinfo.
+    pub fn detect() -> CgroupSupport {
+        let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+            return CgroupSupport::None {
+                why: "cannot read /proc/self/mountinfo".into(),
+            };
+        };
+        let (mut memory, mut pids, mut cpuacct, mut v2) = (None, None, None, None);
+        for line in info.lines() {
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            let mount_point = left.split(' ').nth(4).map(PathBuf::from);
+            let mut r = right.split(' ');
+            let fstype = r.next().unwrap_or_default();
+            let opts = r.nth(1).unwrap_or_default();
+            match fstype {
+                "cgroup" => {
+                    let has = |c: &str| opts.split(',').any(|o| o == c);
+                    if has("memory") {
+                        memory = mount_point.clone();
+                    }
+                    if has("pids") {
+                        pids = mount_point.clone();
+                    }
+                    if has("cpuacct") {
+                        cpuacct = mount_point.clone();
+                    }
+                }
+                "cgroup2" => {
+                    if let Some(mp) = mount_point {
+                        let controllers =
+                            fs::read_to_string(mp.join("cgroup.controllers")).unwrap_or_default();
+                        if controllers.split_whitespace().any(|c| c == "memory")
+                            && controllers.split_whitespace().any(|c| c == "pids")
+                        {
+                            v2 = Some(mp);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if memory.is_some() || pids.is_some() {
+            CgroupSupport::V1 {
+                memory,
+                pids,
+                cpuacct,
+            }
+        } else if let Some(root) = v2 {
+            CgroupSupport::V2 { root }
+        } else {
+            CgroupSupport::None {
+                why: "no cgroup mount offers the memory or pids controller".into(),
+            }
+        }
+    }
+}
+
+/// The cgroup(s) of one run; removed on drop.
+pub struct Cgroup {
+    dirs: Vec<PathBuf>,
+    memory: Option<PathBuf>,
+    pids: Option<PathBuf>,
+    cpuacct: Option<PathBuf>,
+    v2: bool,
+    limits: Limits,
+}
+
+impl Cgroup {
+    pub fn create(limits: &Limits) -> Result<Cgroup, String> {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!("run-{}-{nanos}", std::process::id());
+        let mut cg = Cgroup {
+            dirs: vec![],
+            memory: None,
+            pids: None,
+            cpuacct: None,
+            v2: false,
+            limits: *limits,
+        };
+        let mem_bytes = limits.memory_mb * 1024 * 1024;
+        match CgroupSupport::detect() {
+            CgroupSupport::None { why } => return Err(why),
+            CgroupSupport::V1 {
+                memory,
+                pids,
+                cpuacct,
+            } => {
+                if let Some(m) = memory {
+                    let dir = cg.make(&m, &name)?;
+                    write(&dir, "memory.limit_in_bytes", &mem_bytes.to_string())?;
+                    // Swap counts against the same limit where swap accounting exists.
+                    if dir.join("memory.memsw.limit_in_bytes").exists() {
+                        write(&dir, "memory.memsw.limit_in_bytes", &mem_bytes.to_string())?;
+                    }
+                    let _ = write(&dir, "memory.swappiness", "0");
+                    cg.memory = Some(dir);
+                }
+                if let Some(p) = pids {
+                    let dir = cg.make(&p, &name)?;
+                    write(&dir, "pids.max", &limits.pids.to_string())?;
+                    cg.pids = Some(dir);
+                }
+                if let Some(c) = cpuacct {
+                    cg.cpuacct = cg.make(&c, &name).ok();
+                }
+            }
+            CgroupSupport::V2 { root } => {
+                let parent = root.join(PARENT);
+                if !parent.exists() {
+                    fs::create_dir(&parent)
+                        .map_err(|e| format!("create {}: {e}", parent.display()))?;
+                }
+                let _ = write(&root, "cgroup.subtree_control", "+memory +pids +cpu");
+                write(&parent, "cgroup.subtree_control", "+memory +pids")?;
+                let dir = parent.join(&name);
+                fs::create_dir(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+                cg.dirs.push(dir.clone());
+                write(&dir, "memory.max", &mem_bytes.to_string())?;
+                let _ = write(&dir, "memory.swap.max", "0");
+                write(&dir, "pids.max", &limits.pids.to_string())?;
+                cg.v2 = true;
+                cg.memory = Some(dir.clone());
+                cg.pids = Some(dir.clone());
+                cg.cpuacct = Some(dir);
+            }
+        }
+        Ok(cg)
+    }
+
+    fn make(&mut self, hierarchy: &Path, name: &str) -> Result<PathBuf, String> {
+        let parent = hierarchy.join(PARENT);
+        if !parent.exists() {
+            fs::create_dir(&parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
+        }
+        let dir = parent.join(name);
+        fs::create_dir(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        self.dirs.push(dir.clone());
+        Ok(dir)
+    }
+
+    /// Lines for the report: what this cgroup enforces.
+    pub fn describe(&self) -> Vec<String> {
+        let v = if self.v2 { "v2" } else { "v1" };
+        let mut out = vec![];
+        if self.memory.is_some() {
+            out.push(format!(
+                "cgroup {v}: memory {} MiB, no swap",
+                self.limits.memory_mb
+            ));
+        }
+        if self.pids.is_some() {
+            out.push(format!("cgroup {v}: pids {}", self.limits.pids));
+        }
+        out
+    }
+
+    pub fn attach(&self, pid: i32) -> Result<(), String> {
+        for dir in &self.dirs {
+            write(dir, "cgroup.procs", &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    pub fn oom_killed(&self) -> bool {
+        let Some(m) = &self.memory else { return false };
+        let file = if self.v2 {
+            "memory.events"
+        } else {
+            "memory.oom_control"
+        };
+        let text = fs::read_to_string(m.join(file)).unwrap_or_default();
+        text.lines().any(|l| {
+            let mut it = l.split_whitespace();
+            it.next() == Some("oom_kill")
+                && it.next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0) > 0
+        })
+    }
+
+    pub fn peak_memory_kb(&self) -> Option<u64> {
+        let m = self.memory.as_ref()?;
+        let file = if self.v2 {
+            "memory.peak"
+        } else {
+            "memory.max_usage_in_bytes"
+        };
+        read_u64(&m.join(file)).map(|b| b / 1024)
+    }
+
+    pub fn cpu_time_ms(&self) -> Option<u64> {
+        let c = self.cpuacct.as_ref()?;
+        if self.v2 {
+            let text = fs::read_to_string(c.join("cpu.stat")).ok()?;
+            let usec = text
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))?
+                .trim()
+                .parse::<u64>()
+                .ok()?;
+            Some(usec / 1000)
+        } else {
+            read_u64(&c.join("cpuacct.usage")).map(|ns| ns / 1_000_000)
+        }
+    }
+
+    /// Kill anything still in the cgroup (normally nothing: the pid namespace is gone).
+    pub fn kill_all(&self) {
+        for dir in &self.dirs {
+            if self.v2 {
+                let _ = write(dir, "cgroup.kill", "1");
+            }
+            let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill(2) with a pid read from our own cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for dir in self.dirs.iter().rev() {
+            // Processes killed a moment ago may still be leaving the cgroup.
+            for _ in 0..50 {
+                if fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+}
+
+fn write(dir: &Path, file: &str, value: &str) -> Result<(), String> {
+    fs::write(dir.join(file), value).map_err(|e| format!("write {}/{file}: {e}", dir.display()))
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
+}

@@ -1,0 +1,146 @@
+//! Pid 1 of the sandbox: wait for the helper's go, build the root, start the program, reap
+//! every orphan, report the program's exit. When init exits the kernel kills whatever is
+//! left in the pid namespace, so nothing the program started outlives it.
+
+use std::os::fd::OwnedFd;
+
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::{ForkResult, Gid, Uid, fork};
+
+use super::linux::{Msg, SANDBOX_ID, split_status};
+use super::{mount, program};
+use crate::wire::{JailSpec, StepError};
+use seccompiler::BpfProgram;
+
+pub fn main(
+    spec: &JailSpec,
+    env: &[(String, String)],
+    files: Vec<Vec<u8>>,
+    go_r: OwnedFd,
+    st_w: OwnedFd,
+    filters: &[BpfProgram],
+    have_cgroup: bool,
+) -> ! {
+    // Our copy of the report fd must not stay open in the sandbox.
+    // SAFETY: closing an fd number we do not otherwise use in this process.
+    unsafe { libc::close(crate::wire::REPORT_FD) };
+    if super::die_with_parent(0).is_err() {
+        exit(1);
+    }
+    // Wait for the helper: id maps written, cgroup joined. EOF means it died.
+    let mut go = [0u8; 1];
+    if !matches!(nix::unistd::read(&go_r, &mut go), Ok(1)) {
+        exit(1);
+    }
+    drop(go_r);
+    if let Err(e) = setup(spec, files) {
+        fail(&st_w, e);
+    }
+    // SAFETY: init is single-threaded (a fork of the single-threaded helper).
+    match unsafe { fork() } {
+        Err(e) => fail(
+            &st_w,
+            StepError {
+                step: "fork program".into(),
+                message: e.to_string(),
+            },
+        ),
+        Ok(ForkResult::Child) => {
+            let err = program::exec(spec, env, filters, have_cgroup, &st_w);
+            Msg::Failed {
+                step: err.step,
+                message: err.message,
+            }
+            .send(&st_w);
+            exit(127);
+        }
+        Ok(ForkResult::Parent { child }) => {
+            Msg::Started.send(&st_w);
+            let status = loop {
+                match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                    Ok(s) if s.pid() == Some(child) => break s,
+                    Ok(_) => continue,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(_) => exit(1),
+                }
+            };
+            let (code, signal) = split_status(status);
+            let usage =
+                nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
+            let (cpu_time_ms, max_rss_kb) = usage
+                .map(|u| {
+                    let tv = |t: nix::sys::time::TimeVal| {
+                        (t.tv_sec() as u64) * 1000 + (t.tv_usec() as u64) / 1000
+                    };
+                    (tv(u.user_time()) + tv(u.system_time()), u.max_rss() as u64)
+                })
+                .unwrap_or((0, 0));
+            Msg::Exited {
+                code,
+                signal,
+                cpu_time_ms,
+                max_rss_kb,
+            }
+            .send(&st_w);
+            exit(0);
+        }
+    }
+}
+
+/// Become the sandbox user (keeping capabilities inside the namespace), then build the root.
+fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
+    use super::Step;
+    let id = SANDBOX_ID;
+    nix::unistd::setresgid(Gid::from_raw(id), Gid::from_raw(id), Gid::from_raw(id))
+        .step("become sandbox group")?;
+    nix::unistd::setresuid(Uid::from_raw(id), Uid::from_raw(id), Uid::from_raw(id))
+        .step("become sandbox user")?;
+    mount::build_root(spec, &files)?;
+    nix::unistd::sethostname("gearbox").step("set hostname")?;
+    if !spec.network {
+        loopback_up().step("bring up loopback")?;
+    }
+    Ok(())
+}
+
+fn fail(st_w: &OwnedFd, e: StepError) -> ! {
+    Msg::Failed {
+        step: e.step,
+        message: e.message,
+    }
+    .send(st_w);
+    exit(1)
+}
+
+fn exit(code: i32) -> ! {
+    // SAFETY: _exit ends the process without running atexit handlers or destructors that
+    // belong to the helper we were forked from.
+    unsafe { libc::_exit(code) }
+}
+
+/// `ip link set lo up` in the new network namespace.
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: plain socket(2) call; the fd is closed below.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if sock < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own.
+    let res = unsafe {
+        if libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            -1
+        } else {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            libc::ioctl(sock, libc::SIOCSIFFLAGS, &req)
+        }
+    };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: closing the socket we opened.
+    unsafe { libc::close(sock) };
+    if res < 0 { Err(err) } else { Ok(()) }
+}

@@ -1,0 +1,301 @@
+//! The helper's side of a `linux` sandbox: clone init into new namespaces, give it an id
+//! map and a cgroup, release it, enforce the deadline, collect what happened.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{Gid, Pid, Uid, pipe2};
+
+use super::cgroup::Cgroup;
+use super::{Step, init, seccomp};
+use crate::wire::{JailReport, JailSpec, StepError};
+
+/// The uid and gid the program has inside its user namespace.
+pub const SANDBOX_ID: u32 = 1000;
+/// Host uid/gid the sandbox maps to when the helper runs as root: never host root.
+pub const NOBODY: u32 = 65534;
+/// How long building the sandbox may take before the helper gives up.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One line the init process (or the program, before exec) sends the helper.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum Msg {
+    /// The program was forked; its time starts now.
+    Started,
+    /// Mechanisms the program applied to itself before exec.
+    Applied { mechanisms: Vec<String> },
+    /// A set-up step failed.
+    Failed { step: String, message: String },
+    /// The program exited.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        cpu_time_ms: u64,
+        max_rss_kb: u64,
+    },
+}
+
+impl Msg {
+    /// Send as one line; messages are short enough for an atomic pipe write.
+    pub fn send(&self, fd: &OwnedFd) {
+        if let Ok(mut line) = serde_json::to_vec(self) {
+            line.truncate(3800);
+            line.push(b'\n');
+            let _ = nix::unistd::write(fd, &line);
+        }
+    }
+}
+
+pub fn run(
+    spec: &JailSpec,
+    files: Vec<Vec<u8>>,
+    start: Instant,
+    report: &mut JailReport,
+) -> Result<(), StepError> {
+    let root = Uid::current().is_root();
+    let (outer_uid, outer_gid) = if root {
+        (NOBODY, NOBODY)
+    } else {
+        (Uid::current().as_raw(), Gid::current().as_raw())
+    };
+    if root {
+        // Supplementary groups would follow the program into the sandbox.
+        nix::unistd::setgroups(&[]).step("drop supplementary groups")?;
+    }
+    let filters = seccomp::compile().step("compile seccomp policy")?;
+    let cgroup = if root {
+        match Cgroup::create(&spec.limits) {
+            Ok(cg) => Some(cg),
+            Err(e) => {
+                report.enforced.push(format!("cgroup: unavailable ({e})"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(cg) = &cgroup {
+        report.enforced.extend(cg.describe());
+    }
+    let env = super::program_env(&spec.env, "/work", "/tmp");
+    let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create sync pipe")?;
+    let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create status pipe")?;
+
+    let mut flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP;
+    if !spec.network {
+        flags |= libc::CLONE_NEWNET;
+    }
+    // SAFETY: the helper is single-threaded, so a clone without CLONE_VM is a fork: the child
+    // gets a copy of this address space and may allocate. A null stack means "same stack
+    // pointer, copied", exactly as fork(2).
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error()).step("clone into new namespaces");
+    }
+    if pid == 0 {
+        drop(go_w);
+        drop(st_r);
+        init::main(spec, &env, files, go_r, st_w, &filters, cgroup.is_some());
+    }
+    let init_pid = Pid::from_raw(pid as i32);
+    drop(go_r);
+    drop(st_w);
+
+    let released = (|| -> Result<(), StepError> {
+        write_id_maps(init_pid, outer_uid, outer_gid)?;
+        if let Some(cg) = &cgroup {
+            cg.attach(init_pid.as_raw()).step("join cgroup")?;
+        }
+        nix::unistd::write(&go_w, b"g").step("release init")?;
+        Ok(())
+    })();
+    if let Err(e) = released {
+        let _ = kill(init_pid, Signal::SIGKILL);
+        let _ = waitpid(init_pid, None);
+        return Err(e);
+    }
+    report.enforced.push(format!(
+        "namespaces: user (uid {SANDBOX_ID} -> host {outer_uid}), mount, pid, ipc, uts, cgroup{}",
+        if spec.network {
+            "; network: host (granted)"
+        } else {
+            ", net (loopback only)"
+        }
+    ));
+
+    let watch = watch(&st_r, spec.limits.timeout_ms, start, report);
+    if watch.timed_out || watch.failed.is_some() || !watch.exited {
+        // Killing init makes the kernel kill every process of its pid namespace.
+        let _ = kill(init_pid, Signal::SIGKILL);
+    }
+    let init_status = waitpid(init_pid, None);
+    if let Some(cg) = &cgroup {
+        cg.kill_all();
+        report.oom_killed = cg.oom_killed();
+        report.peak_memory_kb = cg.peak_memory_kb();
+        if let Some(ms) = cg.cpu_time_ms() {
+            report.cpu_time_ms = Some(ms);
+        }
+    }
+    drop(cgroup);
+    if let Some(e) = watch.failed {
+        return Err(e);
+    }
+    if !watch.exited && !watch.timed_out {
+        return Err(StepError {
+            step: "wait for program".into(),
+            message: format!("init ended without a report ({init_status:?})"),
+        });
+    }
+    Ok(())
+}
+
+/// Write setgroups, gid_map and uid_map of the new user namespace.
+fn write_id_maps(pid: Pid, outer_uid: u32, outer_gid: u32) -> Result<(), StepError> {
+    let base = format!("/proc/{}", pid.as_raw());
+    let write = |file: &str, content: String| -> Result<(), StepError> {
+        File::options()
+            .write(true)
+            .open(format!("{base}/{file}"))
+            .and_then(|mut f| f.write_all(content.as_bytes()))
+            .step(&format!("write {file}"))
+    };
+    write("setgroups", "deny".into())?;
+    write("gid_map", format!("{SANDBOX_ID} {outer_gid} 1\n"))?;
+    write("uid_map", format!("{SANDBOX_ID} {outer_uid} 1\n"))?;
+    Ok(())
+}
+
+#[derive(Default)]
+struct Watch {
+    exited: bool,
+    timed_out: bool,
+    failed: Option<StepError>,
+}
+
+/// Read init's messages until it closes the pipe or the deadline passes.
+fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailReport) -> Watch {
+    let mut w = Watch::default();
+    // SAFETY: dup gives an fd this File owns; the original stays with the caller.
+    let mut file = match st_r.try_clone() {
+        Ok(fd) => File::from(fd),
+        Err(e) => {
+            w.failed = Some(StepError {
+                step: "watch".into(),
+                message: e.to_string(),
+            });
+            return w;
+        }
+    };
+    let mut buf: Vec<u8> = Vec::new();
+    let mut started: Option<Instant> = None;
+    loop {
+        let deadline = match started {
+            Some(s) => s + Duration::from_millis(timeout_ms),
+            None => start + SETUP_TIMEOUT,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            if started.is_some() {
+                w.timed_out = true;
+                report.timed_out = true;
+                report.duration_us = duration_us(started);
+            } else {
+                w.failed = Some(StepError {
+                    step: "build sandbox".into(),
+                    message: format!("took longer than {SETUP_TIMEOUT:?}"),
+                });
+            }
+            return w;
+        }
+        let left = deadline - now;
+        let ms = u16::try_from(left.as_millis().min(60_000)).unwrap_or(60_000);
+        let mut fds = [PollFd::new(st_r.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms.max(1))) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                w.failed = Some(StepError {
+                    step: "watch".into(),
+                    message: e.to_string(),
+                });
+                return w;
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = match file.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => 0,
+        };
+        if n == 0 {
+            return w;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let Ok(msg) = serde_json::from_slice::<Msg>(&line) else {
+                continue;
+            };
+            match msg {
+                Msg::Started => {
+                    let now = Instant::now();
+                    started = Some(now);
+                    report.setup_us = now.duration_since(start).as_micros() as u64;
+                }
+                Msg::Applied { mechanisms } => report.enforced.extend(mechanisms),
+                Msg::Failed { step, message } => {
+                    w.failed = Some(StepError { step, message });
+                }
+                Msg::Exited {
+                    code,
+                    signal,
+                    cpu_time_ms,
+                    max_rss_kb,
+                } => {
+                    report.duration_us = duration_us(started);
+                    report.exit_code = code;
+                    report.signal = signal;
+                    report.cpu_time_ms = Some(cpu_time_ms);
+                    report.peak_memory_kb = Some(max_rss_kb);
+                    w.exited = true;
+                }
+            }
+        }
+        let _ = file.as_raw_fd();
+    }
+}
+
+fn duration_us(started: Option<Instant>) -> u64 {
+    started.map(|s| s.elapsed().as_micros() as u64).unwrap_or(0)
+}
+
+/// Turn a wait status into (exit code, signal).
+pub fn split_status(status: WaitStatus) -> (Option<i32>, Option<i32>) {
+    match status {
+        WaitStatus::Exited(_, code) => (Some(code), None),
+        WaitStatus::Signaled(_, sig, _) => (None, Some(sig as i32)),
+        _ => (None, None),
+    }
+}

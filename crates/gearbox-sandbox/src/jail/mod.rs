@@ -1,0 +1,133 @@
+//! The `__jail` helper: a short-lived, single-threaded process that builds one sandbox, runs
+//! one program in it, and reports.
+//!
+//! Process tree in `linux` mode (see `docs/ARCHITECTURE.md`):
+//!
+//! ```text
+//! server ── helper (host namespaces; maps ids, joins cgroups, enforces the deadline)
+//!             └── init  (pid 1 of new user/mount/pid/net/ipc/uts/cgroup namespaces; builds
+//!                        the root, reaps orphans; its death kills every process inside)
+//!                   └── program (setsid, rlimits, no caps, Landlock, seccomp, execve)
+//! ```
+//!
+//! The steps run in order, top to bottom, and the first failure stops the run with a
+//! [`StepError`] naming the step. Every process in the chain dies with its parent
+//! (`PR_SET_PDEATHSIG`), so killing the helper — or the server — kills the whole sandbox.
+
+mod cgroup;
+mod init;
+mod landlock;
+mod linux;
+mod mount;
+mod process;
+mod program;
+mod seccomp;
+
+use std::fs::File;
+use std::io::Write;
+use std::mem::ManuallyDrop;
+use std::os::fd::FromRawFd;
+use std::time::Instant;
+
+pub use cgroup::CgroupSupport;
+
+use crate::wire::{JailReport, Mode, REPORT_FD, StepError, read_request};
+
+/// Attach a step name to an error.
+pub(crate) trait Step<T> {
+    fn step(self, step: &str) -> Result<T, StepError>;
+}
+
+impl<T, E: std::fmt::Display> Step<T> for Result<T, E> {
+    fn step(self, step: &str) -> Result<T, StepError> {
+        self.map_err(|e| StepError {
+            step: step.to_string(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Entry point of the helper. Writes one report to fd 3 and exits 0, or exits 1 when even
+/// the report cannot be written.
+pub fn main() -> ! {
+    let start = Instant::now();
+    let mut report = JailReport::default();
+    if let Err(e) = run(start, &mut report) {
+        report.error = Some(e);
+    }
+    // SAFETY: fd 3 is the report pipe the server installed before exec; it is owned by this
+    // process and used nowhere else.
+    let mut out = unsafe { File::from_raw_fd(REPORT_FD) };
+    let ok = serde_json::to_vec(&report)
+        .ok()
+        .and_then(|json| out.write_all(&json).ok())
+        .is_some();
+    std::process::exit(if ok { 0 } else { 1 })
+}
+
+fn run(start: Instant, report: &mut JailReport) -> Result<(), StepError> {
+    // The report fd must not leak into the sandbox.
+    set_cloexec(REPORT_FD).step("mark report fd close-on-exec")?;
+    // SAFETY: fd 0 is the request pipe from the server. ManuallyDrop keeps it open: what
+    // remains after the request is the program's stdin, inherited as fd 0.
+    let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+    let (spec, files) = read_request(&mut *stdin).step("read request")?;
+    die_with_parent(spec.parent_pid).step("tie helper to server")?;
+    match spec.mode {
+        Mode::Linux => linux::run(&spec, files, start, report),
+        Mode::Process => process::run(&spec, files, start, report),
+    }
+}
+
+fn set_cloexec(fd: i32) -> std::io::Result<()> {
+    // SAFETY: fcntl on an fd number has no memory-safety requirements.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Ask for SIGKILL when the parent dies, then check the parent did not die already.
+pub(crate) fn die_with_parent(expected_parent: i32) -> std::io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no memory.
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if expected_parent > 0 && nix::unistd::getppid().as_raw() != expected_parent {
+        return Err(std::io::Error::other(
+            "parent exited before the sandbox started",
+        ));
+    }
+    Ok(())
+}
+
+/// The program's environment: a fixed base, then the job's variables with the sandbox's
+/// paths substituted. Nothing is inherited from the server.
+pub(crate) fn program_env(
+    spec_env: &std::collections::BTreeMap<String, String>,
+    workspace: &str,
+    tmp: &str,
+) -> Vec<(String, String)> {
+    let mut env: std::collections::BTreeMap<String, String> = [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("LANG", "C.UTF-8"),
+        ("LC_ALL", "C.UTF-8"),
+        ("USER", "sandbox"),
+        ("LOGNAME", "sandbox"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    env.insert("HOME".into(), workspace.to_string());
+    env.insert("PWD".into(), workspace.to_string());
+    env.insert("TMPDIR".into(), tmp.to_string());
+    for (k, v) in spec_env {
+        env.insert(
+            k.clone(),
+            v.replace("{workspace}", workspace).replace("{tmp}", tmp),
+        );
+    }
+    env.into_iter().collect()
+}

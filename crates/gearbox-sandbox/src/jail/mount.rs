@@ -1,0 +1,336 @@
+//! The sandbox's filesystem: a fresh tmpfs root holding read-only binds of what interpreters
+//! need, a small generated /etc, a fresh /proc, a minimal /dev, and one size-limited tmpfs
+//! that backs /work, /tmp and /dev/shm. Nothing else of the host is reachable after
+//! pivot_root.
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::statvfs::{FsFlags, statvfs};
+
+use super::Step;
+use crate::wire::{JailSpec, StepError};
+
+/// Where the new root is assembled, inside our private mount namespace only.
+const NEWROOT: &str = "/tmp";
+/// Host system directories mirrored into the sandbox (bound read-only, or re-created as the
+/// same symlink on merged-/usr systems).
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+/// Host /etc entries the dynamic loader and interpreters read; everything else in /etc stays
+/// out. Directories are bound read-only, files copied, symlinks re-created.
+const ETC_ENTRIES: &[&str] = &[
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "os-release",
+    "mime.types",
+];
+/// Extra /etc entries a run with network access needs (DNS, TLS roots).
+const ETC_NETWORK_ENTRIES: &[&str] = &["resolv.conf", "ssl", "ca-certificates", "gai.conf"];
+/// Device nodes bound from the host.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+/// /proc entries re-bound read-only (and kernel knobs the program must never write).
+const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+
+pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .step("make mounts private")?;
+    mount(
+        Some("tmpfs"),
+        NEWROOT,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("size=8m,nr_inodes=4096,mode=0755"),
+    )
+    .step("mount root tmpfs")?;
+    let root = Path::new(NEWROOT);
+
+    for dir in SYSTEM_DIRS {
+        mirror(Path::new(dir), &inside(root, Path::new(dir)))?;
+    }
+    for m in &spec.mounts {
+        if m.exists() {
+            bind_ro(m, &inside(root, m))?;
+        }
+    }
+    build_etc(root, spec.network)?;
+    build_proc(root)?;
+    build_dev(root)?;
+    build_scratch(root, spec.limits.disk_mb)?;
+    write_files(&root.join("work"), spec, files)?;
+
+    nix::unistd::chdir(root).step("enter new root")?;
+    nix::unistd::pivot_root(".", ".").step("pivot_root")?;
+    umount2(".", MntFlags::MNT_DETACH).step("detach old root")?;
+    nix::unistd::chdir("/").step("enter /")?;
+    mount(
+        none,
+        "/",
+        none,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
+        none,
+    )
+    .step("make root read-only")?;
+    Ok(())
+}
+
+fn inside(root: &Path, host: &Path) -> PathBuf {
+    root.join(host.strip_prefix("/").unwrap_or(host))
+}
+
+/// Bind `src` at `dst` (symlinks re-created as symlinks).
+fn mirror(src: &Path, dst: &Path) -> Result<(), StepError> {
+    let Ok(meta) = fs::symlink_metadata(src) else {
+        return Ok(());
+    };
+    if meta.file_type().is_symlink() {
+        let target = fs::read_link(src).step(&format!("read link {}", src.display()))?;
+        return symlink(&target, dst).step(&format!("link {}", dst.display()));
+    }
+    bind_ro(src, dst)
+}
+
+/// Bind `src` read-only at `dst`, creating the mount point, keeping the flags the kernel
+/// locks in a user namespace (nosuid, nodev, noexec, atime).
+fn bind_ro(src: &Path, dst: &Path) -> Result<(), StepError> {
+    let what = format!("bind {}", src.display());
+    let meta = fs::metadata(src).step(&what)?;
+    if let Some(parent) = dst.parent() {
+        fs::create_dir_all(parent).step(&what)?;
+    }
+    if meta.is_dir() {
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dst)
+            .or_else(ignore_exists)
+            .step(&what)?;
+    } else if fs::symlink_metadata(dst).is_err() {
+        fs::File::create(dst).step(&what)?;
+    }
+    let none: Option<&str> = None;
+    mount(
+        Some(src),
+        dst,
+        none,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        none,
+    )
+    .step(&what)?;
+    remount_ro(dst).step(&format!("make {} read-only", dst.display()))
+}
+
+fn remount_ro(path: &Path) -> nix::Result<()> {
+    let mut flags = MsFlags::MS_REMOUNT
+        | MsFlags::MS_BIND
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV;
+    let have = statvfs(path)?.flags();
+    for (st, ms) in [
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if have.contains(st) {
+            flags |= ms;
+        }
+    }
+    let none: Option<&str> = None;
+    mount(none, path, none, flags, none)
+}
+
+fn ignore_exists(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == std::io::ErrorKind::AlreadyExists {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
+    let etc = root.join("etc");
+    fs::create_dir(&etc).step("create /etc")?;
+    let generated: &[(&str, &str)] = &[
+        (
+            "passwd",
+            "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:1000:1000:sandbox:/work:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        ),
+        ("group", "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"),
+        (
+            "hosts",
+            "127.0.0.1\tlocalhost gearbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        ),
+        ("hostname", "gearbox\n"),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nhosts: files dns\n",
+        ),
+    ];
+    for (name, content) in generated {
+        fs::write(etc.join(name), content).step(&format!("write /etc/{name}"))?;
+    }
+    let extra: &[&str] = if network { ETC_NETWORK_ENTRIES } else { &[] };
+    for name in ETC_ENTRIES.iter().chain(extra) {
+        let src = Path::new("/etc").join(name);
+        let dst = etc.join(name);
+        let Ok(meta) = fs::symlink_metadata(&src) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() && !network {
+            let target = fs::read_link(&src).step(&format!("read link {}", src.display()))?;
+            symlink(&target, &dst).step(&format!("link {}", dst.display()))?;
+        } else if fs::metadata(&src).map(|m| m.is_dir()).unwrap_or(false) {
+            bind_ro(&src, &dst)?;
+        } else if let Ok(content) = fs::read(&src) {
+            // Copy (following links): resolv.conf often points into /run.
+            fs::write(&dst, content).step(&format!("copy {}", src.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn build_proc(root: &Path) -> Result<(), StepError> {
+    let proc_dir = root.join("proc");
+    fs::create_dir(&proc_dir).step("create /proc")?;
+    mount(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .step("mount /proc")?;
+    for sub in PROC_READONLY {
+        let p = proc_dir.join(sub);
+        if p.exists() {
+            bind_ro(&p, &p)?;
+        }
+    }
+    Ok(())
+}
+
+fn build_dev(root: &Path) -> Result<(), StepError> {
+    let dev = root.join("dev");
+    fs::create_dir(&dev).step("create /dev")?;
+    mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("size=64k,nr_inodes=64,mode=0755"),
+    )
+    .step("mount /dev")?;
+    for name in DEVICES {
+        let src = Path::new("/dev").join(name);
+        let dst = dev.join(name);
+        fs::File::create(&dst).step(&format!("create /dev/{name}"))?;
+        mount(
+            Some(&src),
+            &dst,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .step(&format!("bind /dev/{name}"))?;
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        symlink(target, dev.join(name)).step(&format!("link /dev/{name}"))?;
+    }
+    fs::create_dir(dev.join("shm")).step("create /dev/shm")?;
+    Ok(())
+}
+
+/// One tmpfs of `disk_mb` MiB backs /work, /tmp and /dev/shm, so one limit covers all the
+/// program can write.
+fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
+    let stage = root.join(".scratch");
+    fs::create_dir(&stage).step("create scratch")?;
+    let inodes = (disk_mb * 64).clamp(1024, 1 << 20);
+    mount(
+        Some("tmpfs"),
+        &stage,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("size={disk_mb}m,nr_inodes={inodes},mode=0755").as_str()),
+    )
+    .step("mount scratch tmpfs")?;
+    for (sub, mode, target) in [
+        ("work", 0o755, root.join("work")),
+        ("tmp", 0o1777, root.join("tmp")),
+        ("shm", 0o1777, root.join("dev/shm")),
+    ] {
+        let src = stage.join(sub);
+        fs::create_dir(&src).step("create scratch dir")?;
+        fs::set_permissions(&src, fs::Permissions::from_mode(mode)).step("chmod scratch dir")?;
+        if !target.exists() {
+            fs::create_dir(&target).step(&format!("create /{sub}"))?;
+        }
+        mount(
+            Some(&src),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .step(&format!("bind /{sub}"))?;
+    }
+    umount2(&stage, MntFlags::MNT_DETACH).step("detach scratch stage")?;
+    fs::remove_dir(&stage).step("remove scratch stage")?;
+    Ok(())
+}
+
+/// Write the job's files under `work`. Names were validated by the server and the tmpfs is
+/// fresh, so no existing symlink can redirect a write; `create_new` makes sure of it.
+fn write_files(work: &Path, spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
+    for ((name, _), content) in spec.files.iter().zip(files) {
+        if name
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+            || name.starts_with('/')
+        {
+            return Err(StepError {
+                step: "write files".into(),
+                message: format!("refused name {name:?}"),
+            });
+        }
+        let path = work.join(name);
+        if let Some(parent) = path.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
+                .step(&format!("create directory for {name}"))?;
+        }
+        let mode = if content.starts_with(b"#!") {
+            0o755
+        } else {
+            0o644
+        };
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, content))
+            .step(&format!("write {name}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! `process` mode: the program runs as a plain child of the helper, in its own process group,
+//! with rlimits, in a temporary host directory. No isolation: it sees the host filesystem and
+//! network as the server's user. Only for operators who chose it.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::{ForkResult, Pid, fork};
+
+use super::Step;
+use super::program::apply_rlimits;
+use crate::wire::{JailReport, JailSpec, StepError};
+
+pub fn run(
+    spec: &JailSpec,
+    files: Vec<Vec<u8>>,
+    start: Instant,
+    report: &mut JailReport,
+) -> Result<(), StepError> {
+    let dir = nix::unistd::mkdtemp("/tmp/gearbox-run-XXXXXX").step("create workspace")?;
+    let result = run_in(spec, &files, &dir, start, report);
+    let _ = fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_in(
+    spec: &JailSpec,
+    files: &[Vec<u8>],
+    dir: &Path,
+    start: Instant,
+    report: &mut JailReport,
+) -> Result<(), StepError> {
+    let work = dir.join("work");
+    let tmp = dir.join("tmp");
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&work)
+        .step("create workspace")?;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .step("create tmp")?;
+    for ((name, _), content) in spec.files.iter().zip(files) {
+        if name
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+            || name.starts_with('/')
+        {
+            return Err(StepError {
+                step: "write files".into(),
+                message: format!("refused name {name:?}"),
+            });
+        }
+        let path = work.join(name);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).step("create directories")?;
+        }
+        fs::write(&path, content).step(&format!("write {name}"))?;
+    }
+    let env = super::program_env(&spec.env, &work.to_string_lossy(), &tmp.to_string_lossy());
+    let argv: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<_, _>>()
+        .step("prepare argv")?;
+    let envp: Vec<CString> = env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<_, _>>()
+        .step("prepare environment")?;
+    let Some(path) = argv.first().cloned() else {
+        return Err(StepError {
+            step: "prepare argv".into(),
+            message: "empty command".into(),
+        });
+    };
+    report
+        .enforced
+        .push("process: no isolation; rlimits and process-group kill only".into());
+    // SAFETY: the helper is single-threaded, so fork is safe and the child may allocate.
+    match unsafe { fork() }.step("fork program")? {
+        ForkResult::Child => {
+            let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
+            let _ = super::die_with_parent(0);
+            if apply_rlimits(spec, false).is_ok() && nix::unistd::chdir(&work).is_ok() {
+                // SAFETY: only sets CLOEXEC flags on this process's fds.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_close_range,
+                        3u32,
+                        u32::MAX,
+                        libc::CLOSE_RANGE_CLOEXEC,
+                    )
+                };
+                let _ = nix::unistd::execve(&path, &argv, &envp);
+            }
+            // SAFETY: leave the forked child without running the helper's destructors.
+            unsafe { libc::_exit(127) }
+        }
+        ForkResult::Parent { child } => {
+            let started = Instant::now();
+            report.setup_us = started.duration_since(start).as_micros() as u64;
+            let deadline = started + Duration::from_millis(spec.limits.timeout_ms);
+            let pidfd = pidfd_open(child).step("open pidfd")?;
+            loop {
+                let now = Instant::now();
+                if now >= deadline {
+                    report.timed_out = true;
+                    let _ = killpg(child, Signal::SIGKILL);
+                    break;
+                }
+                let ms = u16::try_from((deadline - now).as_millis().min(60_000)).unwrap_or(60_000);
+                let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+                match poll(&mut fds, PollTimeout::from(ms.max(1))) {
+                    Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                    _ => break,
+                }
+            }
+            let (status, usage) = wait4(child);
+            report.duration_us = started.elapsed().as_micros() as u64;
+            // Nothing of the group outlives the program.
+            let _ = killpg(child, Signal::SIGKILL);
+            if libc::WIFEXITED(status) {
+                report.exit_code = Some(libc::WEXITSTATUS(status));
+            } else if libc::WIFSIGNALED(status) {
+                report.signal = Some(libc::WTERMSIG(status));
+            }
+            let ms = |t: libc::timeval| (t.tv_sec as u64) * 1000 + (t.tv_usec as u64) / 1000;
+            report.cpu_time_ms = Some(ms(usage.ru_utime) + ms(usage.ru_stime));
+            report.peak_memory_kb = Some(usage.ru_maxrss as u64);
+            Ok(())
+        }
+    }
+}
+
+fn pidfd_open(pid: Pid) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd we then own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn wait4(pid: Pid) -> (i32, libc::rusage) {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: wait4 writes into the two locals we pass.
+        let r = unsafe { libc::wait4(pid.as_raw(), &mut status, 0, &mut usage) };
+        if r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return (status, usage);
+        }
+    }
+}

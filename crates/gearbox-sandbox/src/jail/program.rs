@@ -1,0 +1,173 @@
+//! The last steps before the program runs, in the program's own process: new session,
+//! rlimits, capabilities dropped, Landlock, seccomp, then execve. Shared by both modes.
+
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+
+use nix::sys::resource::{Resource, setrlimit};
+use seccompiler::BpfProgram;
+
+use super::Step;
+use super::linux::Msg;
+use crate::wire::{JailSpec, StepError};
+
+/// Apply the program's own restrictions and exec it. Returns only on failure.
+pub fn exec(
+    spec: &JailSpec,
+    env: &[(String, String)],
+    filters: &[BpfProgram],
+    have_cgroup: bool,
+    st_w: &OwnedFd,
+) -> StepError {
+    match prepare_and_exec(spec, env, filters, have_cgroup, st_w) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+enum Never {}
+
+fn prepare_and_exec(
+    spec: &JailSpec,
+    env: &[(String, String)],
+    filters: &[BpfProgram],
+    have_cgroup: bool,
+    st_w: &OwnedFd,
+) -> Result<Never, StepError> {
+    let argv = cstrings(spec.argv.iter().map(String::as_str)).step("prepare argv")?;
+    let envp = cstrings(
+        env.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str),
+    )
+    .step("prepare environment")?;
+    let Some(path) = argv.first().cloned() else {
+        return Err(StepError {
+            step: "prepare argv".into(),
+            message: "empty command".into(),
+        });
+    };
+    nix::unistd::setsid().step("new session")?;
+    apply_rlimits(spec, have_cgroup)?;
+    nix::unistd::chdir("/work").step("enter workspace")?;
+    drop_capabilities().step("drop capabilities")?;
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes integers only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error()).step("set no_new_privs");
+    }
+    let mut applied = vec!["capabilities: none".to_string(), "no_new_privs".to_string()];
+    applied.push(super::landlock::restrict(&["/work", "/tmp", "/dev/shm"]).step("landlock")?);
+    for f in filters {
+        seccompiler::apply_filter(f).step("install seccomp filter")?;
+    }
+    applied.push(format!("seccomp: {} filters (deny list)", filters.len()));
+    Msg::Applied {
+        mechanisms: applied,
+    }
+    .send(st_w);
+    // Every inherited fd above stderr closes at exec.
+    // SAFETY: close_range with CLOEXEC only sets flags on fds of this process.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    let err = nix::unistd::execve(&path, &argv, &envp).err();
+    Err(StepError {
+        step: "execve".into(),
+        message: format!(
+            "{}: {}",
+            spec.argv[0],
+            err.map(|e| e.desc()).unwrap_or("failed")
+        ),
+    })
+}
+
+fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, std::ffi::NulError> {
+    items.map(CString::new).collect()
+}
+
+pub fn apply_rlimits(spec: &JailSpec, have_cgroup: bool) -> Result<(), StepError> {
+    let l = &spec.limits;
+    let mib = 1024 * 1024;
+    let cpu_s = l.effective_cpu_ms().div_ceil(1000).max(1);
+    let set = |r: Resource, soft: u64, hard: u64, what: &str| setrlimit(r, soft, hard).step(what);
+    set(Resource::RLIMIT_CORE, 0, 0, "rlimit core")?;
+    set(
+        Resource::RLIMIT_NOFILE,
+        l.open_files,
+        l.open_files,
+        "rlimit nofile",
+    )?;
+    set(
+        Resource::RLIMIT_FSIZE,
+        l.file_size_mb * mib,
+        l.file_size_mb * mib,
+        "rlimit fsize",
+    )?;
+    set(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1, "rlimit cpu")?;
+    set(Resource::RLIMIT_NPROC, l.pids, l.pids, "rlimit nproc")?;
+    if !have_cgroup {
+        // Without a memory cgroup, cap private writable memory. RLIMIT_AS would break Node
+        // and Go, which reserve large address ranges without touching them.
+        set(
+            Resource::RLIMIT_DATA,
+            l.memory_mb * mib,
+            l.memory_mb * mib,
+            "rlimit data",
+        )?;
+    }
+    Ok(())
+}
+
+/// Empty the bounding and ambient sets and every capability set of this process.
+fn drop_capabilities() -> std::io::Result<()> {
+    for cap in 0..64 {
+        // SAFETY: prctl(PR_CAPBSET_DROP, n) takes integers; EINVAL past the last cap ends it.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } != 0 {
+            break;
+        }
+    }
+    // SAFETY: integers only.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset reads a v3 header and two data structs that live on this stack frame.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

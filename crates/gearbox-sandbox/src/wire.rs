@@ -1,0 +1,107 @@
+//! The protocol between the server and the `__jail` helper.
+//!
+//! The server writes to the helper's stdin: a little-endian `u32` length, that many bytes of
+//! JSON [`JailSpec`], then the content of each file in `spec.files` (lengths in the spec),
+//! then the program's stdin until EOF. The helper reads exactly the header and the files, so
+//! what remains on fd 0 is the program's stdin, which it inherits. The program's stdout and
+//! stderr are the helper's fds 1 and 2 (pipes the server reads). The helper writes one JSON
+//! [`JailReport`] to fd 3 before it exits.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+
+use gearbox_core::Limits;
+use serde::{Deserialize, Serialize};
+
+/// Largest spec header the helper accepts.
+pub const MAX_SPEC_BYTES: u32 = 16 * 1024 * 1024;
+/// The fd on which the helper writes its report.
+pub const REPORT_FD: i32 = 3;
+
+/// How the helper isolates the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Namespaces, minimal root, seccomp, Landlock, cgroups.
+    Linux,
+    /// A plain child process in its own process group; no isolation.
+    Process,
+}
+
+/// Everything the helper needs to build and run one sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JailSpec {
+    pub mode: Mode,
+    pub argv: Vec<String>,
+    /// The program's environment before `{workspace}`/`{tmp}` substitution.
+    pub env: BTreeMap<String, String>,
+    /// Workspace-relative paths and lengths; the contents follow the header.
+    pub files: Vec<(String, u64)>,
+    pub limits: Limits,
+    /// Extra host paths bound read-only at the same place.
+    pub mounts: Vec<PathBuf>,
+    pub network: bool,
+    /// Pid of the server; the helper exits if its parent changes (server died).
+    pub parent_pid: i32,
+}
+
+/// A set-up step that failed, named like the step in the code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepError {
+    pub step: String,
+    pub message: String,
+}
+
+/// What the helper observed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JailReport {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    /// The memory cgroup killed a process of the run.
+    pub oom_killed: bool,
+    pub cpu_time_ms: Option<u64>,
+    pub peak_memory_kb: Option<u64>,
+    /// From hand-over to exit.
+    pub duration_us: u64,
+    /// From helper start to hand-over.
+    pub setup_us: u64,
+    pub error: Option<StepError>,
+    /// Mechanisms that were applied (for `doctor` and tests).
+    pub enforced: Vec<String>,
+}
+
+/// Encode the header the server sends first.
+pub fn encode_header(spec: &JailSpec) -> Result<Vec<u8>, serde_json::Error> {
+    let json = serde_json::to_vec(spec)?;
+    let mut out = Vec::with_capacity(json.len() + 4);
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    Ok(out)
+}
+
+/// Read the header and the files from `r`, reading no byte beyond them.
+pub fn read_request<R: Read>(r: &mut R) -> Result<(JailSpec, Vec<Vec<u8>>), String> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)
+        .map_err(|e| format!("reading spec length: {e}"))?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_SPEC_BYTES {
+        return Err(format!(
+            "spec of {len} bytes is larger than {MAX_SPEC_BYTES}"
+        ));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf)
+        .map_err(|e| format!("reading spec: {e}"))?;
+    let spec: JailSpec = serde_json::from_slice(&buf).map_err(|e| format!("parsing spec: {e}"))?;
+    let mut files = Vec::with_capacity(spec.files.len());
+    for (name, size) in &spec.files {
+        let mut content = vec![0u8; usize::try_from(*size).map_err(|e| e.to_string())?];
+        r.read_exact(&mut content)
+            .map_err(|e| format!("reading file {name}: {e}"))?;
+        files.push(content);
+    }
+    Ok((spec, files))
+}
