@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use gearbox_core::{
     BackendKind, Encoding, ExecRequest, FileInput, LimitOverrides, Outcome, Status,
 };
+use gearbox_engine::config::ToolProfile;
 use gearbox_engine::{Config, Engine};
 
 /// Exit status of `gearbox run` when the wall-clock limit expired.
@@ -51,6 +52,32 @@ enum Command {
     },
     /// Print the JSON Schema of the configuration file.
     ConfigSchema,
+    /// Serve MCP over stdin and stdout. MCP clients start it as
+    /// `{"command": "gearbox", "args": ["serve"]}`.
+    Serve(ServeArgs),
+    /// Configuration file helpers.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Tool profile to expose (repeatable): default, isolator, quickjs, heroku, sidecar.
+    /// Replaces the configuration's `profiles`.
+    #[arg(long = "profile")]
+    profiles: Vec<ToolProfile>,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Write a commented example configuration (every value the default) to FILE, or stdout.
+    Init {
+        /// Destination; stdout when omitted.
+        file: Option<PathBuf>,
+        /// Overwrite FILE if it exists.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -128,7 +155,39 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&Config::json_schema())?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Serve(args) => serve(engine(config)?, args),
+        Command::Config(ConfigCommand::Init { file, force }) => config_init(file, force),
     }
+}
+
+fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
+    let opts = gearbox_server::ServeOptions {
+        profiles: args.profiles,
+        ..Default::default()
+    };
+    let rt = runtime()?;
+    let result = rt.block_on(gearbox_server::serve_stdio(
+        std::sync::Arc::new(engine),
+        opts,
+    ));
+    // Runs of a client that left were cancelled; do not wait on stragglers.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn config_init(file: Option<PathBuf>, force: bool) -> Result<ExitCode> {
+    let Some(path) = file else {
+        print!("{}", gearbox_server::EXAMPLE_CONFIG);
+        return Ok(ExitCode::SUCCESS);
+    };
+    if path.exists() && !force {
+        bail!("{} exists; pass --force to overwrite it", path.display());
+    }
+    std::fs::write(&path, gearbox_server::EXAMPLE_CONFIG)
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("gearbox: wrote {}", path.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

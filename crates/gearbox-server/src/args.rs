@@ -1,0 +1,134 @@
+//! The arguments of each tool, as the wire carries them, and their parsing.
+//!
+//! Every struct refuses unknown fields and its JSON Schema is the tool's `inputSchema`.
+//! Parsing never fails the request: an error is a message naming the field, which the server
+//! returns as a tool-execution error (`isError: true`, SEP-1303) so the model can correct
+//! itself.
+
+use std::collections::BTreeMap;
+
+use gearbox_core::{BackendKind, FileInput};
+use rmcp::model::JsonObject;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+/// Arguments of `execute_code` (default and isolator profiles).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteCodeArgs {
+    /// Language of the code: `python`, `javascript`, `go` or `bash` (case-insensitive; a file
+    /// extension such as `py` also works). Required unless `snippet_name` is given.
+    pub language: Option<String>,
+    /// Source of the entrypoint file. Required unless `snippet_name` is given.
+    pub code: Option<String>,
+    /// Alias of `code` (the name isolator-mcp uses).
+    pub entrypoint_code: Option<String>,
+    /// Name (without extension) of a snippet in the server's snippets directory; its language
+    /// comes from its extension. Excludes `code`. Names with `/`, `..` or NUL are refused.
+    pub snippet_name: Option<String>,
+    /// File name of the entrypoint in the workspace (default per language: `main.py`,
+    /// `main.js`, `main.go`, `main.sh`).
+    pub entrypoint_filename: Option<String>,
+    /// Extra files written into the workspace (`/work`) before the run.
+    pub additional_files: Option<Vec<FileInput>>,
+    /// Alias of `additional_files`.
+    pub files: Option<Vec<FileInput>>,
+    /// Text given to the program on standard input (default: empty).
+    pub stdin: Option<String>,
+    /// Command-line arguments passed to the program.
+    pub args: Option<Vec<String>>,
+    /// Environment variables for the program (nothing of the server's environment is passed).
+    pub env: Option<BTreeMap<String, String>>,
+    /// Wall-clock limit in milliseconds; may only lower the configured maximum.
+    pub timeout_ms: Option<u64>,
+    /// Memory limit in MiB; may only lower the configured maximum.
+    pub memory_mb: Option<u64>,
+    /// Isolation backend (default: the configured one).
+    pub backend: Option<BackendKind>,
+}
+
+/// Arguments of `run_javascript_code` (quickjs profile).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunJavascriptArgs {
+    /// JavaScript source to run. Output printed with `console.log` is returned.
+    pub code: String,
+}
+
+/// Arguments of `code_exec_python` (heroku profile).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CodeExecPythonArgs {
+    /// Python source to run.
+    pub code: String,
+    /// Packages to install with pip before the run. Not enabled yet: a non-empty list is
+    /// refused with an error.
+    pub packages: Option<Vec<String>>,
+    /// Accepted for compatibility; every run already gets a fresh, private directory.
+    pub use_temp_dir: Option<bool>,
+}
+
+/// Arguments of `execute` (sidecar profile).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarExecuteArgs {
+    /// Source to run.
+    pub code: String,
+    /// Language of the code (default `python`): `python`, `javascript`, `go` or `bash`.
+    pub language: Option<String>,
+}
+
+/// Arguments of `list_packages` (sidecar profile): none.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
+/// Parse a tool's `arguments` object into `T`. The error names the offending field.
+pub fn parse<T: DeserializeOwned>(args: Option<&JsonObject>) -> Result<T, String> {
+    let value = serde_json::Value::Object(args.cloned().unwrap_or_default());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        if path.is_empty() || path == "." {
+            format!("invalid arguments: {inner}")
+        } else {
+            format!("invalid arguments: {path}: {inner}")
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: serde_json::Value) -> JsonObject {
+        match v {
+            serde_json::Value::Object(o) => o,
+            _ => panic!("not an object"),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = parse::<ExecuteCodeArgs>(Some(&obj(json!({"code": 5})))).expect_err("type");
+        assert!(e.contains("code") && e.contains("invalid type"), "{e}");
+        let e = parse::<ExecuteCodeArgs>(Some(&obj(json!({"cod": "x"})))).expect_err("unknown");
+        assert!(e.contains("unknown field `cod`"), "{e}");
+        let e = parse::<ExecuteCodeArgs>(Some(&obj(
+            json!({"files": [{"filename": "a", "content": 1}]}),
+        )))
+        .expect_err("nested");
+        assert!(e.contains("files[0].content"), "{e}");
+        let e = parse::<RunJavascriptArgs>(None).expect_err("missing");
+        assert!(e.contains("missing field `code`"), "{e}");
+    }
+
+    #[test]
+    fn no_arguments_is_an_empty_object() {
+        parse::<NoArgs>(None).expect("empty");
+        let a = parse::<ExecuteCodeArgs>(None).expect("all optional");
+        assert!(a.code.is_none());
+    }
+}

@@ -1,0 +1,102 @@
+//! gearbox-server: the MCP face of gearbox.
+//!
+//! It owns the tools (`execute_code` and the drop-in profiles that mimic the systems gearbox
+//! replaces), their argument contract, the resources (`gearbox://env`, `env://info`,
+//! `gearbox://snippets/...`) and the stdio transport. One handler type, [`GearboxServer`],
+//! implements rmcp's `ServerHandler`, so the same value can be served over stdio
+//! ([`serve_stdio`]) or mounted under a Streamable HTTP service. Every run goes through
+//! [`gearbox_engine::Engine::execute`]; this crate must not know how a backend isolates, and it
+//! writes nothing to stdout but the protocol.
+
+mod args;
+mod resources;
+mod server;
+mod snippets;
+mod tools;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use gearbox_engine::Engine;
+use gearbox_engine::config::ToolProfile;
+use rmcp::ServiceExt;
+
+pub use server::GearboxServer;
+
+/// A commented configuration file whose every value is the default; `gearbox config init`
+/// writes it.
+pub const EXAMPLE_CONFIG: &str = include_str!("config_example.toml");
+
+/// How often a running call reports progress to a client that sent a progress token.
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Settings of one server, resolved from the configuration and the command line.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Tool profiles to expose; empty means the configuration's `profiles`.
+    pub profiles: Vec<ToolProfile>,
+    /// Interval of `notifications/progress` while a run goes on.
+    pub progress_interval: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            profiles: Vec::new(),
+            progress_interval: DEFAULT_PROGRESS_INTERVAL,
+        }
+    }
+}
+
+/// Serve MCP on this process's stdin and stdout until the client closes the connection.
+///
+/// Runs still going when the client leaves are cancelled, which kills their sandboxes.
+pub async fn serve_stdio(engine: Arc<Engine>, opts: ServeOptions) -> anyhow::Result<()> {
+    let server = GearboxServer::new(engine, opts);
+    tracing::info!(tools = ?server.tool_names(), "serving MCP over stdio");
+    let running = server
+        .serve(rmcp::transport::stdio_pipes())
+        .await
+        .context("starting the MCP session on stdio")?;
+    let reason = running.waiting().await.context("serving MCP on stdio")?;
+    tracing::info!(?reason, "MCP session over stdio ended");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gearbox_engine::Config;
+
+    #[test]
+    fn example_config_parses_to_the_defaults() {
+        let c = Config::from_toml(std::path::Path::new("example.toml"), EXAMPLE_CONFIG)
+            .expect("example parses");
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn example_config_values_are_the_defaults() {
+        // Uncomment every `# key = value` line of the top level and [limits]: still defaults.
+        let mut text = String::new();
+        for line in EXAMPLE_CONFIG.lines() {
+            if line.starts_with("# [languages") {
+                break;
+            }
+            match line.strip_prefix("# ") {
+                Some(kv)
+                    if kv.split_once(" = ").is_some_and(|(k, _)| {
+                        k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    }) && !kv.starts_with("snippets_dir") =>
+                {
+                    text.push_str(kv);
+                }
+                _ => text.push_str(line),
+            }
+            text.push('\n');
+        }
+        let c = Config::from_toml(std::path::Path::new("example.toml"), &text).expect("parses");
+        assert_eq!(c, Config::default(), "{text}");
+    }
+}

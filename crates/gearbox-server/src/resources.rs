@@ -1,0 +1,149 @@
+//! Resources: what a model reads to write code that works here.
+//!
+//! - `gearbox://env` (JSON) and `env://info` (the same as plain text, the sidecar's name):
+//!   languages with their versions, backend, limits, workspace layout, tool profiles.
+//! - `gearbox://snippets` (JSON index) and `gearbox://snippets/{name}` (a snippet's source).
+
+use gearbox_engine::Engine;
+use gearbox_engine::config::ToolProfile;
+use rmcp::ErrorData as McpError;
+use rmcp::model::{ReadResourceResult, Resource, ResourceContents, ResourceTemplate};
+use serde_json::{Value, json};
+
+use crate::snippets;
+
+pub const ENV_URI: &str = "gearbox://env";
+pub const ENV_INFO_URI: &str = "env://info";
+pub const SNIPPETS_URI: &str = "gearbox://snippets";
+pub const SNIPPET_PREFIX: &str = "gearbox://snippets/";
+pub const SNIPPET_TEMPLATE: &str = "gearbox://snippets/{name}";
+
+/// Working directory and workspace of every run, as the program sees it.
+pub const WORKSPACE_DIR: &str = "/work";
+/// Scratch directory of every run.
+pub const SCRATCH_DIR: &str = "/tmp";
+
+/// The environment document behind `gearbox://env`. `languages` is `Engine::languages(true)`,
+/// computed once per process (it starts each interpreter to ask its version).
+pub fn env_document(engine: &Engine, profiles: &[ToolProfile], languages: &Value) -> Value {
+    let config = engine.config();
+    json!({
+        "server": { "name": "gearbox", "version": env!("CARGO_PKG_VERSION") },
+        "backend": config.backend,
+        "backends": engine.backend_kinds(),
+        "languages": languages,
+        "limits": config.limits,
+        "limits_note": "maxima per run; a call may lower timeout_ms and memory_mb, never raise them",
+        "workspace": {
+            "cwd": WORKSPACE_DIR,
+            "workspace": WORKSPACE_DIR,
+            "scratch": SCRATCH_DIR,
+            "network": false,
+            "persistence": "none: every call runs in a fresh sandbox that is destroyed afterwards",
+            "files": "additional_files are written under the workspace before the program starts",
+        },
+        "profiles": profiles.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+        "snippets_dir": config.snippets_dir,
+    })
+}
+
+/// `env://info`: the environment document as short plain text.
+pub fn env_text(doc: &Value) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "gearbox {}\nbackend: {}\n",
+        doc["server"]["version"].as_str().unwrap_or("?"),
+        doc["backend"].as_str().unwrap_or("?")
+    ));
+    s.push_str("languages:\n");
+    for l in doc["languages"].as_array().into_iter().flatten() {
+        let name = l["name"].as_str().unwrap_or("?");
+        match (l["version"].as_str(), l["unavailable"].as_str()) {
+            (_, Some(why)) => s.push_str(&format!("  {name}: unavailable ({why})\n")),
+            (Some(v), None) => s.push_str(&format!("  {name}: {v}\n")),
+            (None, None) => s.push_str(&format!("  {name}: available\n")),
+        }
+    }
+    let limits = &doc["limits"];
+    s.push_str(&format!(
+        "limits: timeout {} ms, memory {} MiB, {} processes, output {} bytes per stream\n",
+        limits["timeout_ms"], limits["memory_mb"], limits["pids"], limits["output_bytes"]
+    ));
+    s.push_str(&format!(
+        "workspace: {WORKSPACE_DIR} (working directory), scratch: {SCRATCH_DIR}, network: none, \
+         nothing persists between calls\n"
+    ));
+    s
+}
+
+/// Resources listed by `resources/list`: the environment, the snippet index and each snippet.
+pub fn list(engine: &Engine, profiles: &[ToolProfile]) -> Vec<Resource> {
+    let mut out = vec![
+        Resource::new(ENV_URI, "env")
+            .with_title("Execution environment")
+            .with_description(
+                "Languages and versions, backend, limits and workspace layout of the sandbox",
+            )
+            .with_mime_type("application/json"),
+    ];
+    if profiles.contains(&ToolProfile::Sidecar) {
+        out.push(
+            Resource::new(ENV_INFO_URI, "env-info")
+                .with_title("Execution Environment Info")
+                .with_description("Information about the current code execution environment")
+                .with_mime_type("text/plain"),
+        );
+    }
+    out.push(
+        Resource::new(SNIPPETS_URI, "snippets")
+            .with_title("Snippets")
+            .with_description("Index of the snippets execute_code can run by snippet_name")
+            .with_mime_type("application/json"),
+    );
+    if let Some(dir) = engine.config().snippets_dir.as_deref() {
+        for s in snippets::list(dir, engine.language_table()) {
+            out.push(
+                Resource::new(format!("{SNIPPET_PREFIX}{}", s.name), s.name.clone())
+                    .with_title(s.filename.clone())
+                    .with_description(format!("{} snippet", s.language))
+                    .with_mime_type("text/plain")
+                    .with_size(s.bytes),
+            );
+        }
+    }
+    out
+}
+
+pub fn templates() -> Vec<ResourceTemplate> {
+    vec![
+        ResourceTemplate::new(SNIPPET_TEMPLATE, "snippet")
+            .with_title("Snippet source")
+            .with_description("Source of the snippet NAME, runnable with execute_code snippet_name")
+            .with_mime_type("text/plain"),
+    ]
+}
+
+/// Read a resource other than the environment (which needs the cached language list).
+pub fn read_snippets(engine: &Engine, uri: &str) -> Result<ReadResourceResult, McpError> {
+    let table = engine.language_table();
+    let dir = engine.config().snippets_dir.as_deref();
+    if uri == SNIPPETS_URI {
+        let index = dir.map(|d| snippets::list(d, table)).unwrap_or_default();
+        let body = json!({ "snippets_dir": dir, "snippets": index });
+        return Ok(ReadResourceResult::new(vec![
+            ResourceContents::text(body.to_string(), uri).with_mime_type("application/json"),
+        ]));
+    }
+    if let Some(name) = uri.strip_prefix(SNIPPET_PREFIX) {
+        let snippet = snippets::load(dir, table, name)
+            .map_err(|e| McpError::resource_not_found(e, Some(json!({ "uri": uri }))))?;
+        return Ok(ReadResourceResult::new(vec![ResourceContents::text(
+            snippet.content,
+            uri,
+        )]));
+    }
+    Err(McpError::resource_not_found(
+        format!("no resource {uri:?}; try {ENV_URI}, {SNIPPETS_URI} or {SNIPPET_TEMPLATE}"),
+        Some(json!({ "uri": uri })),
+    ))
+}

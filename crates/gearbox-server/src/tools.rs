@@ -1,0 +1,499 @@
+//! The tools of each profile: their definitions (name, schemas, annotations) and the mapping
+//! from their arguments to an [`ExecRequest`], and from an [`Outcome`] to their result shape.
+
+use gearbox_core::{BackendKind, ExecRequest, LanguageTable, LimitOverrides, Outcome, Status};
+use gearbox_engine::Engine;
+use gearbox_engine::config::ToolProfile;
+use rmcp::model::{CallToolResult, ContentBlock, Tool, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::args::{
+    CodeExecPythonArgs, ExecuteCodeArgs, NoArgs, RunJavascriptArgs, SidecarExecuteArgs,
+};
+use crate::snippets;
+
+/// What a tool name dispatches to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolKind {
+    ExecuteCode,
+    RunJavascript,
+    CodeExecPython,
+    SidecarExecute,
+    ListPackages,
+}
+
+/// The result of `code_exec_python` (heroku profile): the shape of `subprocess.run`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct HerokuOutput {
+    /// Exit status; `-N` when signal N ended the program, `-1` when it never ran.
+    pub returncode: i32,
+    pub stdout: String,
+    /// Standard error, followed by gearbox's reason when the run was stopped or refused.
+    pub stderr: String,
+}
+
+/// One installed Python distribution.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Distribution {
+    pub name: String,
+    pub version: String,
+}
+
+/// The result of `list_packages` (sidecar profile), gathered by running Python in the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct PackageList {
+    /// Version of the Python interpreter the sandbox runs.
+    pub python: String,
+    /// Installed distributions (`pip list`): name and version.
+    pub distributions: Vec<Distribution>,
+    /// Importable top-level modules, the standard library included.
+    pub modules: Vec<String>,
+}
+
+const EXECUTE_CODE_DESCRIPTION: &str = "Run a program in a fresh, isolated sandbox and return \
+its output. Give `language` (python, javascript, go or bash) and `code`, or the `snippet_name` \
+of a stored snippet. The program runs with /work as its working directory (your \
+`additional_files` are there), /tmp for scratch, no network, and time and memory limits; \
+nothing persists between calls. Returns stdout, stderr, exit status and timing; \
+the call is an error when the program fails, times out or is refused. \
+Read the resource gearbox://env for versions and limits.";
+
+/// The tools `profiles` expose, in profile order, each name once.
+pub fn tools_for(profiles: &[ToolProfile], engine: &Engine) -> Vec<(ToolKind, Tool)> {
+    let mut out: Vec<(ToolKind, Tool)> = Vec::new();
+    let mut push = |kind: ToolKind, tool: Tool| {
+        if !out.iter().any(|(_, t)| t.name == tool.name) {
+            out.push((kind, tool));
+        }
+    };
+    for p in profiles {
+        match p {
+            ToolProfile::Default | ToolProfile::Isolator => {
+                push(ToolKind::ExecuteCode, execute_code_tool());
+            }
+            ToolProfile::Quickjs => push(ToolKind::RunJavascript, run_javascript_tool(engine)),
+            ToolProfile::Heroku => push(ToolKind::CodeExecPython, code_exec_python_tool()),
+            ToolProfile::Sidecar => {
+                push(ToolKind::SidecarExecute, sidecar_execute_tool());
+                push(ToolKind::ListPackages, list_packages_tool());
+            }
+        }
+    }
+    out
+}
+
+fn runs_code() -> ToolAnnotations {
+    // A run cannot change anything outside its own throw-away sandbox, has no network, and
+    // its result depends on the code (time, randomness): not read-only, not destructive,
+    // not idempotent, closed world.
+    ToolAnnotations::new()
+        .read_only(false)
+        .destructive(false)
+        .idempotent(false)
+        .open_world(false)
+}
+
+fn execute_code_tool() -> Tool {
+    Tool::new("execute_code", EXECUTE_CODE_DESCRIPTION, empty_schema())
+        .with_title("Execute code in a sandbox")
+        .with_input_schema::<ExecuteCodeArgs>()
+        .with_output_schema::<Outcome>()
+        .with_annotations(runs_code().with_title_str("Execute code in a sandbox"))
+}
+
+fn run_javascript_tool(engine: &Engine) -> Tool {
+    let runtime = if engine.backend_kinds().contains(&BackendKind::Wasm) {
+        "QuickJS compiled to WebAssembly"
+    } else {
+        "Node.js in a Linux sandbox"
+    };
+    Tool::new(
+        "run_javascript_code",
+        format!(
+            "Run JavaScript code ({runtime}) and return what it printed on stdout and stderr. \
+             No network, no files that persist, time and memory limits."
+        ),
+        empty_schema(),
+    )
+    .with_title("Run JavaScript")
+    .with_input_schema::<RunJavascriptArgs>()
+    .with_output_schema::<Outcome>()
+    .with_annotations(runs_code().with_title_str("Run JavaScript"))
+}
+
+fn code_exec_python_tool() -> Tool {
+    Tool::new(
+        "code_exec_python",
+        "Execute Python code in a fresh sandbox and return {returncode, stdout, stderr}. \
+         `packages` (pip install before the run) is not enabled on this server yet; \
+         `use_temp_dir` is accepted and always true in effect.",
+        empty_schema(),
+    )
+    .with_title("Execute Python")
+    .with_input_schema::<CodeExecPythonArgs>()
+    .with_output_schema::<HerokuOutput>()
+    .with_annotations(runs_code().with_title_str("Execute Python"))
+}
+
+fn sidecar_execute_tool() -> Tool {
+    Tool::new(
+        "execute",
+        "Execute code (python by default; also javascript, go, bash) in a fresh sandbox and \
+         return stdout, stderr and exit_code. No network; time and memory limits.",
+        empty_schema(),
+    )
+    .with_title("Execute code")
+    .with_input_schema::<SidecarExecuteArgs>()
+    .with_output_schema::<Outcome>()
+    .with_annotations(runs_code().with_title_str("Execute code"))
+}
+
+fn list_packages_tool() -> Tool {
+    Tool::new(
+        "list_packages",
+        "List the Python distributions installed for the sandbox's interpreter (name and \
+         version, like `pip list`) and its importable top-level modules. Gathered by running \
+         Python in the sandbox, so it is exactly what `execute` can import.",
+        empty_schema(),
+    )
+    .with_title("List Python packages")
+    .with_input_schema::<NoArgs>()
+    .with_output_schema::<PackageList>()
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false)
+            .with_title_str("List Python packages"),
+    )
+}
+
+fn empty_schema() -> std::sync::Arc<rmcp::model::JsonObject> {
+    std::sync::Arc::new(rmcp::model::JsonObject::new())
+}
+
+trait WithTitle {
+    fn with_title_str(self, title: &str) -> Self;
+}
+
+impl WithTitle for ToolAnnotations {
+    fn with_title_str(mut self, title: &str) -> Self {
+        self.title = Some(title.to_string());
+        self
+    }
+}
+
+/// A language name as a caller wrote it ("Python", "js", "golang") to a configured name.
+pub fn normalize_language(table: &LanguageTable, raw: &str) -> Result<String, String> {
+    let l = raw.trim().to_ascii_lowercase();
+    if table.get(&l).is_some() {
+        return Ok(l);
+    }
+    let alias = match l.as_str() {
+        "node" | "nodejs" | "node.js" | "js" => "javascript",
+        "python3" | "py" => "python",
+        "golang" => "go",
+        "sh" | "shell" => "bash",
+        _ => "",
+    };
+    if !alias.is_empty() && table.get(alias).is_some() {
+        return Ok(alias.to_string());
+    }
+    if let Some(name) = table.by_extension(&l) {
+        return Ok(name.to_string());
+    }
+    Err(format!(
+        "language: unknown language {raw:?}; available: {}",
+        table.names().collect::<Vec<_>>().join(", ")
+    ))
+}
+
+/// A call turned into a run, or refused before anything ran.
+pub enum Prepared {
+    Run {
+        request: ExecRequest,
+        backend: Option<BackendKind>,
+    },
+    Refused(Outcome),
+}
+
+/// Validate `execute_code` arguments that the engine does not check itself: code or snippet,
+/// the aliases, the language.
+pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
+    let backend_name = a.backend.unwrap_or(engine.config().backend).to_string();
+    let lang_hint = a.language.clone().unwrap_or_default();
+    let refuse =
+        |reason: String| Prepared::Refused(Outcome::denied(&lang_hint, &backend_name, reason));
+    let table = engine.language_table();
+
+    let code = match (a.code, a.entrypoint_code) {
+        (Some(_), Some(_)) => {
+            return refuse("give either code or entrypoint_code (its alias), not both".into());
+        }
+        (c, e) => c.or(e),
+    };
+    let files = match (a.additional_files, a.files) {
+        (Some(_), Some(_)) => {
+            return refuse("give either additional_files or files (its alias), not both".into());
+        }
+        (f, g) => f.or(g).unwrap_or_default(),
+    };
+    let (language, code, entrypoint) = match (a.snippet_name, code) {
+        (Some(_), Some(_)) => {
+            return refuse("snippet_name and code are mutually exclusive; give one".into());
+        }
+        (None, None) => {
+            return refuse("code: missing; give language and code, or snippet_name".into());
+        }
+        (Some(name), None) => {
+            let snippet =
+                match snippets::load(engine.config().snippets_dir.as_deref(), table, &name) {
+                    Ok(s) => s,
+                    Err(e) => return refuse(e),
+                };
+            if let Some(l) = &a.language {
+                match normalize_language(table, l) {
+                    Ok(l) if l == snippet.info.language => {}
+                    Ok(l) => {
+                        return refuse(format!(
+                            "language: {l} does not match snippet {:?}, which is {}",
+                            snippet.info.filename, snippet.info.language
+                        ));
+                    }
+                    Err(e) => return refuse(e),
+                }
+            }
+            (
+                snippet.info.language,
+                snippet.content,
+                Some(snippet.info.filename),
+            )
+        }
+        (None, Some(code)) => {
+            let Some(raw) = &a.language else {
+                return refuse("language: missing; it is required with code".into());
+            };
+            match normalize_language(table, raw) {
+                Ok(l) => (l, code, None),
+                Err(e) => return refuse(e),
+            }
+        }
+    };
+    Prepared::Run {
+        request: ExecRequest {
+            language,
+            code,
+            entrypoint: a.entrypoint_filename.or(entrypoint),
+            files,
+            stdin: a.stdin.unwrap_or_default().into_bytes(),
+            args: a.args.unwrap_or_default(),
+            env: a.env.unwrap_or_default(),
+            limits: LimitOverrides {
+                timeout_ms: a.timeout_ms,
+                memory_mb: a.memory_mb,
+                ..Default::default()
+            },
+            network: false,
+        },
+        backend: a.backend,
+    }
+}
+
+/// `run_javascript_code`: QuickJS-in-WASM when the engine has that backend, else Node.js on
+/// the default backend.
+pub fn prepare_run_javascript(engine: &Engine, a: RunJavascriptArgs) -> Prepared {
+    let backend = engine
+        .backend_kinds()
+        .contains(&BackendKind::Wasm)
+        .then_some(BackendKind::Wasm);
+    Prepared::Run {
+        request: simple_request("javascript", a.code),
+        backend,
+    }
+}
+
+/// `code_exec_python`; packages are refused until the packages feature exists.
+pub fn prepare_code_exec_python(engine: &Engine, a: CodeExecPythonArgs) -> Prepared {
+    if a.packages.as_ref().is_some_and(|p| !p.is_empty()) {
+        return Prepared::Refused(Outcome::denied(
+            "python",
+            engine.config().backend.as_str(),
+            "packages: installing packages is not enabled on this gearbox server yet; \
+             call again without packages (the standard library and preinstalled packages \
+             are available)",
+        ));
+    }
+    // Every run already gets a fresh, private directory: `use_temp_dir` changes nothing.
+    let _ = a.use_temp_dir;
+    Prepared::Run {
+        request: simple_request("python", a.code),
+        backend: None,
+    }
+}
+
+/// `execute` of the sidecar profile.
+pub fn prepare_sidecar_execute(engine: &Engine, a: SidecarExecuteArgs) -> Prepared {
+    let raw = a.language.unwrap_or_else(|| "python".into());
+    match normalize_language(engine.language_table(), &raw) {
+        Ok(language) => Prepared::Run {
+            request: simple_request(&language, a.code),
+            backend: None,
+        },
+        Err(e) => Prepared::Refused(Outcome::denied(&raw, engine.config().backend.as_str(), e)),
+    }
+}
+
+/// The program `list_packages` runs: prints one JSON object shaped like [`PackageList`].
+pub const LIST_PACKAGES_PY: &str = r#"import json, pkgutil, sys
+import importlib.metadata as md
+dists = {}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if name:
+        dists[name.lower()] = {"name": name, "version": d.version}
+mods = set(sys.builtin_module_names)
+mods.update(m.name for m in pkgutil.iter_modules() if not m.name.startswith("_"))
+print(json.dumps({
+    "python": sys.version.split()[0],
+    "distributions": sorted(dists.values(), key=lambda d: d["name"].lower()),
+    "modules": sorted(mods),
+}))
+"#;
+
+pub fn prepare_list_packages() -> Prepared {
+    Prepared::Run {
+        request: simple_request("python", LIST_PACKAGES_PY.to_string()),
+        backend: None,
+    }
+}
+
+fn simple_request(language: &str, code: String) -> ExecRequest {
+    ExecRequest {
+        language: language.to_string(),
+        code,
+        ..Default::default()
+    }
+}
+
+/// The result of a tool whose structured output is the outcome itself.
+pub fn outcome_result(o: &Outcome) -> CallToolResult {
+    let text = vec![ContentBlock::text(o.render_text())];
+    let mut r = if o.is_ok() {
+        CallToolResult::success(text)
+    } else {
+        CallToolResult::error(text)
+    };
+    r.structured_content = serde_json::to_value(o).ok();
+    r
+}
+
+/// `code_exec_python`'s result: `{returncode, stdout, stderr}` as structured content and as
+/// JSON text, like the original server.
+pub fn heroku_result(o: &Outcome) -> CallToolResult {
+    let mut stderr = o.stderr.clone();
+    if o.status != Status::Ok && o.reason.is_some() {
+        if !stderr.is_empty() && !stderr.ends_with('\n') {
+            stderr.push('\n');
+        }
+        stderr.push_str(&format!("gearbox: {}: {}\n", o.status, o.summary()));
+    }
+    let out = HerokuOutput {
+        returncode: o.exit_code.or(o.signal.map(|s| -s)).unwrap_or(-1),
+        stdout: o.stdout.clone(),
+        stderr,
+    };
+    let value = serde_json::to_value(&out).unwrap_or_default();
+    let text = vec![ContentBlock::text(value.to_string())];
+    let mut r = if o.is_ok() {
+        CallToolResult::success(text)
+    } else {
+        CallToolResult::error(text)
+    };
+    r.structured_content = Some(value);
+    r
+}
+
+/// `list_packages`' result from the run of [`LIST_PACKAGES_PY`].
+pub fn packages_result(o: &Outcome) -> CallToolResult {
+    if o.is_ok()
+        && let Ok(list) = serde_json::from_str::<PackageList>(o.stdout.trim())
+    {
+        let names: Vec<String> = list
+            .distributions
+            .iter()
+            .map(|d| format!("{}=={}", d.name, d.version))
+            .collect();
+        let text = format!(
+            "Python {}\ninstalled distributions ({}): {}\nimportable top-level modules: {}\n",
+            list.python,
+            names.len(),
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            },
+            list.modules.len()
+        );
+        let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+        r.structured_content = serde_json::to_value(&list).ok();
+        return r;
+    }
+    let mut text = String::from("Could not list packages: the listing program failed.\n");
+    text.push_str(&o.render_text());
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// An argument error of a tool whose output is the outcome: a `denied` outcome naming the
+/// field, so that the structured result still matches the output schema.
+pub fn argument_error(kind: ToolKind, engine: &Engine, message: String) -> CallToolResult {
+    let o = Outcome::denied("", engine.config().backend.as_str(), message);
+    match kind {
+        ToolKind::CodeExecPython => heroku_result(&o),
+        ToolKind::ListPackages => {
+            CallToolResult::error(vec![ContentBlock::text(o.reason.unwrap_or_default())])
+        }
+        _ => outcome_result(&o),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn language_names_are_forgiving_but_not_silent() {
+        let t = LanguageTable::builtin();
+        assert_eq!(normalize_language(&t, "Python").as_deref(), Ok("python"));
+        assert_eq!(
+            normalize_language(&t, "JavaScript").as_deref(),
+            Ok("javascript")
+        );
+        assert_eq!(normalize_language(&t, "js").as_deref(), Ok("javascript"));
+        assert_eq!(normalize_language(&t, "golang").as_deref(), Ok("go"));
+        assert_eq!(normalize_language(&t, "sh").as_deref(), Ok("bash"));
+        let e = normalize_language(&t, "cobol").expect_err("unknown");
+        assert!(e.starts_with("language:") && e.contains("python"), "{e}");
+    }
+
+    #[test]
+    fn heroku_returncode_follows_subprocess() {
+        let mut o = Outcome::failed_to_start("python", "linux", "no interpreter");
+        let r = heroku_result(&o);
+        assert_eq!(r.is_error, Some(true));
+        let v = r.structured_content.expect("structured");
+        assert_eq!(v["returncode"], -1);
+        assert!(
+            v["stderr"]
+                .as_str()
+                .unwrap_or("")
+                .contains("no interpreter")
+        );
+        o.signal = Some(9);
+        assert_eq!(
+            heroku_result(&o).structured_content.expect("s")["returncode"],
+            -9
+        );
+    }
+}
