@@ -1,0 +1,290 @@
+//! gearbox's QuickJS guest: a WASI command that runs one JavaScript program and exits.
+//!
+//! Usage (argv as the host passes it):
+//!
+//! ```text
+//! quickjs [--module|--script] [--eval CODE] NAME [ARGS...]
+//! ```
+//!
+//! - With `--eval CODE`, CODE is the program and NAME only names it in stack traces. This is how
+//!   gearbox's host passes code when the call has no extra files: nothing touches a filesystem.
+//! - Without `--eval`, NAME is read through WASI from the preopened directory (gearbox preopens a
+//!   private workspace only when the call brings extra files); relative `import`s resolve there.
+//! - `--module`/`--script` force the kind; otherwise a `.mjs` NAME or source that QuickJS detects
+//!   as a module (top-level `import`/`export`) runs as an ES module, anything else as a sloppy-mode
+//!   script. Both allow top-level `await`.
+//! - The program's stdin is WASI stdin (read with `readStdin()`); ARGS become `scriptArgs[1..]`
+//!   and `process.argv[2..]`; WASI environment variables become `process.env`.
+//!
+//! Globals: `console.*` (stdout for log/info/debug, stderr for error/warn/trace), `process.exit`,
+//! `process.exitCode`, `process.argv`, `process.env`, `process.stdout.write`, `scriptArgs`,
+//! `readStdin()`, and `setTimeout`/`setInterval` on virtual time (see prelude.js). There is no
+//! `std` or `os` module: the guest has no file, network or process API beyond the above.
+//!
+//! Exit status: 0 when the program finishes; 1 after an uncaught exception or an unhandled
+//! promise rejection (reported on stderr as `Uncaught <name>: <message>` plus the stack); 2 for
+//! a usage error; `n` for `process.exit(n)`; `process.exitCode` otherwise.
+
+use std::cell::RefCell;
+use std::io::{Read, Write};
+use std::rc::Rc;
+
+use rquickjs::context::EvalOptions;
+use rquickjs::function::Func;
+use rquickjs::loader::{FileResolver, ScriptLoader};
+use rquickjs::{Context, Ctx, Function, Module, Object, Persistent, Promise, Runtime, Value};
+
+const PRELUDE: &str = include_str!("prelude.js");
+
+/// Exit status after an uncaught exception or an unhandled rejection.
+const EXIT_UNCAUGHT: i32 = 1;
+/// Exit status for a bad command line or an unreadable program.
+const EXIT_USAGE: i32 = 2;
+
+struct Args {
+    module: Option<bool>,
+    code: Option<String>,
+    name: String,
+    rest: Vec<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let mut module = None;
+    let mut code = None;
+    loop {
+        let a = it
+            .next()
+            .ok_or("usage: quickjs [--module|--script] [--eval CODE] NAME [ARGS...]")?;
+        match a.as_str() {
+            "--module" => module = Some(true),
+            "--script" => module = Some(false),
+            "--eval" => code = Some(it.next().ok_or("--eval needs the code")?),
+            _ => {
+                return Ok(Args {
+                    module,
+                    code,
+                    name: a,
+                    rest: it.collect(),
+                });
+            }
+        }
+    }
+}
+
+fn write_fd(fd: i32, s: &str) {
+    // A closed or full pipe is not the program's problem: drop the bytes.
+    let _ = if fd == 2 {
+        std::io::stderr().write_all(s.as_bytes())
+    } else {
+        std::io::stdout().write_all(s.as_bytes())
+    };
+}
+
+fn exit(code: i32) -> ! {
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code)
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("quickjs: {e}");
+            exit(EXIT_USAGE)
+        }
+    };
+    let code = match args.code.take_or_read(&args.name) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("quickjs: cannot read {}: {e}", args.name);
+            exit(EXIT_USAGE)
+        }
+    };
+    let status = match run(&args, code) {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("quickjs: {e}");
+            EXIT_UNCAUGHT
+        }
+    };
+    exit(status)
+}
+
+trait TakeOrRead {
+    fn take_or_read(&self, name: &str) -> std::io::Result<String>;
+}
+
+impl TakeOrRead for Option<String> {
+    fn take_or_read(&self, name: &str) -> std::io::Result<String> {
+        match self {
+            Some(c) => Ok(c.clone()),
+            None => std::fs::read_to_string(name),
+        }
+    }
+}
+
+fn is_module(args: &Args, code: &str) -> bool {
+    if let Some(m) = args.module {
+        return m;
+    }
+    if args.name.ends_with(".mjs") {
+        return true;
+    }
+    if args.name.ends_with(".cjs") {
+        return false;
+    }
+    // SAFETY: the pointer and length describe `code`, which outlives the call; QuickJS only
+    // reads the bytes.
+    unsafe { rquickjs::qjs::JS_DetectModule(code.as_ptr().cast(), code.len() as _) }
+}
+
+type Rejections = Rc<RefCell<Vec<(Persistent<Value<'static>>, Persistent<Value<'static>>)>>>;
+
+fn run(args: &Args, code: String) -> Result<i32, String> {
+    let rt = Runtime::new().map_err(|e| format!("creating the runtime: {e}"))?;
+    if args.code.is_none() {
+        // Relative imports resolve in the preopened workspace.
+        rt.set_loader(
+            FileResolver::default().with_path("."),
+            ScriptLoader::default().with_extension("mjs"),
+        );
+    }
+    let ctx = Context::full(&rt).map_err(|e| format!("creating the context: {e}"))?;
+
+    // Promises rejected with no handler (yet). An entry is removed when a handler is attached
+    // later; what is left when the program finishes is reported.
+    let rejections: Rejections = Rc::new(RefCell::new(Vec::new()));
+    {
+        let rejections = rejections.clone();
+        rt.set_host_promise_rejection_tracker(Some(Box::new(
+            move |ctx: Ctx<'_>, promise: Value<'_>, reason: Value<'_>, handled: bool| {
+                let mut list = rejections.borrow_mut();
+                if handled {
+                    list.retain(|(p, _)| {
+                        p.clone().restore(&ctx).map(|p| p != promise).unwrap_or(true)
+                    });
+                } else {
+                    list.push((
+                        Persistent::save(&ctx, promise),
+                        Persistent::save(&ctx, reason),
+                    ));
+                }
+            },
+        )));
+    }
+
+    let module = is_module(args, &code);
+    ctx.with(|ctx| -> Result<i32, String> {
+        let hooks = install_prelude(&ctx, args)?;
+        let report = |v| report(&hooks, v);
+
+        // Evaluate the program. Both paths yield a promise (top-level await is allowed).
+        let evaluated: Result<Promise, rquickjs::Error> = if module {
+            Module::declare(ctx.clone(), args.name.clone(), code)
+                .and_then(|m| m.eval())
+                .map(|(_, p)| p)
+        } else {
+            let mut opts = EvalOptions::default();
+            opts.strict = false;
+            opts.promise = true;
+            opts.filename = Some(args.name.clone());
+            ctx.eval_with_options(code, opts)
+        };
+        let main = match evaluated {
+            Ok(p) => p,
+            Err(rquickjs::Error::Exception) => {
+                write_fd(2, &(report(ctx.catch()) + "\n"));
+                return Ok(EXIT_UNCAUGHT);
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+
+        // The event loop: drain jobs, then fire the next (virtual) timer, until neither is left
+        // or the main promise rejected.
+        let run_next_timer: Function = hooks.get("runNextTimer").map_err(|e| e.to_string())?;
+        loop {
+            while ctx.execute_pending_job() {}
+            if main.state() == rquickjs::promise::PromiseState::Rejected {
+                break;
+            }
+            if !rejections.borrow().is_empty() {
+                break;
+            }
+            match run_next_timer.call::<_, bool>(()) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(rquickjs::Error::Exception) => {
+                    write_fd(2, &(report(ctx.catch()) + "\n"));
+                    return Ok(EXIT_UNCAUGHT);
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+
+        if main.state() == rquickjs::promise::PromiseState::Rejected {
+            let reason = match main.result::<Value>() {
+                Some(Err(rquickjs::Error::Exception)) => ctx.catch(),
+                Some(Ok(v)) => v,
+                _ => Value::new_undefined(ctx.clone()),
+            };
+            write_fd(2, &(report(reason) + "\n"));
+            return Ok(EXIT_UNCAUGHT);
+        }
+        let leftover: Vec<_> = rejections.borrow_mut().drain(..).collect();
+        if let Some((_, reason)) = leftover.into_iter().next() {
+            let reason = reason
+                .restore(&ctx)
+                .unwrap_or_else(|_| Value::new_undefined(ctx.clone()));
+            let text = report(reason).replacen("Uncaught ", "Uncaught (in promise) ", 1);
+            write_fd(2, &(text + "\n"));
+            return Ok(EXIT_UNCAUGHT);
+        }
+        let code: i32 = hooks
+            .get::<_, Function>("exitCode")
+            .and_then(|f| f.call(()))
+            .unwrap_or(0);
+        Ok(code)
+    })
+}
+
+/// The text reported for an uncaught exception or rejection `v`.
+fn report<'js>(hooks: &Object<'js>, v: Value<'js>) -> String {
+    hooks
+        .get::<_, Function>("report")
+        .and_then(|f| f.call::<_, String>((v,)))
+        .unwrap_or_else(|_| "Uncaught exception".to_string())
+}
+
+/// Evaluate prelude.js and call it with the native functions; returns its hooks object.
+fn install_prelude<'js>(ctx: &Ctx<'js>, args: &Args) -> Result<Object<'js>, String> {
+    let mut opts = EvalOptions::default();
+    opts.filename = Some("gearbox:prelude".into());
+    let factory: Function = ctx
+        .eval_with_options(PRELUDE, opts)
+        .map_err(|e| format!("prelude: {e}"))?;
+    let write = Func::from(|fd: i32, s: rquickjs::String<'_>| {
+        if let Ok(s) = s.to_string() {
+            write_fd(fd, &s);
+        }
+    });
+    let exit_fn = Func::from(|code: i32| -> () { exit(code) });
+    let read_stdin = Func::from(|| -> String {
+        let mut buf = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    });
+    let mut argv = vec!["quickjs".to_string(), args.name.clone()];
+    argv.extend(args.rest.iter().cloned());
+    let env = Object::new(ctx.clone()).map_err(|e| e.to_string())?;
+    for (k, v) in std::env::vars() {
+        env.set(k, v).map_err(|e| e.to_string())?;
+    }
+    factory
+        .call((write, exit_fn, read_stdin, argv, env))
+        .map_err(|e| match e {
+            rquickjs::Error::Exception => format!("prelude: {:?}", ctx.catch()),
+            e => format!("prelude: {e}"),
+        })
+}
