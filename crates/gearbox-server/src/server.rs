@@ -53,7 +53,7 @@ impl GearboxServer {
             profiles.push(ToolProfile::Default);
         }
         profiles.dedup();
-        let tools = tools::tools_for(&profiles, &engine);
+        let tools = tools::tools_for(&profiles);
         GearboxServer {
             inner: Arc::new(Inner {
                 engine,

@@ -60,7 +60,7 @@ the call is an error when the program fails, times out or is refused. \
 Read the resource gearbox://env for versions and limits.";
 
 /// The tools `profiles` expose, in profile order, each name once.
-pub fn tools_for(profiles: &[ToolProfile], engine: &Engine) -> Vec<(ToolKind, Tool)> {
+pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
     let mut out: Vec<(ToolKind, Tool)> = Vec::new();
     let mut push = |kind: ToolKind, tool: Tool| {
         if !out.iter().any(|(_, t)| t.name == tool.name) {
@@ -72,7 +72,7 @@ pub fn tools_for(profiles: &[ToolProfile], engine: &Engine) -> Vec<(ToolKind, To
             ToolProfile::Default | ToolProfile::Isolator => {
                 push(ToolKind::ExecuteCode, execute_code_tool());
             }
-            ToolProfile::Quickjs => push(ToolKind::RunJavascript, run_javascript_tool(engine)),
+            ToolProfile::Quickjs => push(ToolKind::RunJavascript, run_javascript_tool()),
             ToolProfile::Heroku => push(ToolKind::CodeExecPython, code_exec_python_tool()),
             ToolProfile::Sidecar => {
                 push(ToolKind::SidecarExecute, sidecar_execute_tool());
@@ -102,18 +102,12 @@ fn execute_code_tool() -> Tool {
         .with_annotations(runs_code().with_title_str("Execute code in a sandbox"))
 }
 
-fn run_javascript_tool(engine: &Engine) -> Tool {
-    let runtime = if engine.backend_kinds().contains(&BackendKind::Wasm) {
-        "QuickJS compiled to WebAssembly"
-    } else {
-        "Node.js in a Linux sandbox"
-    };
+fn run_javascript_tool() -> Tool {
     Tool::new(
         "run_javascript_code",
-        format!(
-            "Run JavaScript code ({runtime}) and return what it printed on stdout and stderr. \
-             No network, no files that persist, time and memory limits."
-        ),
+        "Run JavaScript code and return what it printed on stdout and stderr: QuickJS in \
+         WebAssembly where this server has the wasm backend, else Node.js in a Linux sandbox. \
+         No network, nothing persists, time and memory limits.",
         empty_schema(),
     )
     .with_title("Run JavaScript")
@@ -228,6 +222,12 @@ pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
         |reason: String| Prepared::Refused(Outcome::denied(&lang_hint, &backend_name, reason));
     let table = engine.language_table();
 
+    if a.backend == Some(BackendKind::Process) && engine.config().backend != BackendKind::Process {
+        return refuse(
+            "backend: process gives no isolation; only the server's configuration can choose it"
+                .into(),
+        );
+    }
     let code = match (a.code, a.entrypoint_code) {
         (Some(_), Some(_)) => {
             return refuse("give either code or entrypoint_code (its alias), not both".into());
