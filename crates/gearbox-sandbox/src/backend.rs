@@ -170,6 +170,7 @@ pub(crate) async fn run_helper_report(
             err.text.chars().take(500).collect::<String>()
         ))
     })?;
+    tracing::debug!(timings = ?report.timings, setup_us = report.setup_us, "sandbox helper report");
     if let Some(e) = report.error {
         return Err(SandboxError::Setup {
             step: e.step,

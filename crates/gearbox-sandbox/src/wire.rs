@@ -70,6 +70,8 @@ pub struct JailReport {
     pub error: Option<StepError>,
     /// Mechanisms that were applied (for `doctor` and tests).
     pub enforced: Vec<String>,
+    /// Microseconds since helper start at which each set-up step ended.
+    pub timings: Vec<(String, u64)>,
 }
 
 /// Encode the header the server sends first.

@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{ForkResult, Gid, Uid, fork};
 
-use super::linux::{Msg, SANDBOX_ID, split_status};
+use super::linux::{GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg, SANDBOX_ID, split_status};
 use super::{mount, program};
 use crate::wire::{JailSpec, StepError};
 use seccompiler::BpfProgram;
@@ -19,7 +19,6 @@ pub fn main(
     go_r: OwnedFd,
     st_w: OwnedFd,
     filters: &[BpfProgram],
-    have_cgroup: bool,
 ) -> ! {
     // Our copy of the report fd must not stay open in the sandbox.
     // SAFETY: closing an fd number we do not otherwise use in this process.
@@ -32,10 +31,17 @@ pub fn main(
     if !matches!(nix::unistd::read(&go_r, &mut go), Ok(1)) {
         exit(1);
     }
-    drop(go_r);
+    let t0 = std::time::Instant::now();
     if let Err(e) = setup(spec, files) {
         fail(&st_w, e);
     }
+    // Wait for the cgroup: the program must start inside it.
+    let have_cgroup = match nix::unistd::read(&go_r, &mut go) {
+        Ok(1) if go[..] == *GO_RUN_CGROUP => true,
+        Ok(1) if go[..] == *GO_RUN_RLIMITS => false,
+        _ => exit(1),
+    };
+    drop(go_r);
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
     match unsafe { fork() } {
         Err(e) => fail(
@@ -55,7 +61,10 @@ pub fn main(
             exit(127);
         }
         Ok(ForkResult::Parent { child }) => {
-            Msg::Started.send(&st_w);
+            Msg::Started {
+                root_us: t0.elapsed().as_micros() as u64,
+            }
+            .send(&st_w);
             let status = loop {
                 match waitpid(None, Some(WaitPidFlag::__WALL)) {
                     Ok(s) if s.pid() == Some(child) => break s,

@@ -19,6 +19,12 @@ use crate::wire::{JailReport, JailSpec, StepError};
 pub const SANDBOX_ID: u32 = 1000;
 /// Host uid/gid the sandbox maps to when the helper runs as root: never host root.
 pub const NOBODY: u32 = 65534;
+/// Byte that lets init build the root.
+pub const GO_BUILD: &[u8] = b"b";
+/// Byte that lets init start the program, memory capped by the cgroup.
+pub const GO_RUN_CGROUP: &[u8] = b"c";
+/// Byte that lets init start the program, memory capped by rlimits (no cgroup).
+pub const GO_RUN_RLIMITS: &[u8] = b"r";
 /// How long building the sandbox may take before the helper gives up.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -26,8 +32,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum Msg {
-    /// The program was forked; its time starts now.
-    Started,
+    /// The program was forked; its time starts now. Carries init's set-up time.
+    Started { root_us: u64 },
     /// Mechanisms the program applied to itself before exec.
     Applied { mechanisms: Vec<String> },
     /// A set-up step failed.
@@ -68,21 +74,14 @@ pub fn run(
         // Supplementary groups would follow the program into the sandbox.
         nix::unistd::setgroups(&[]).step("drop supplementary groups")?;
     }
-    let filters = seccomp::compile().step("compile seccomp policy")?;
-    let cgroup = if root {
-        match Cgroup::create(&spec.limits) {
-            Ok(cg) => Some(cg),
-            Err(e) => {
-                report.enforced.push(format!("cgroup: unavailable ({e})"));
-                None
-            }
-        }
-    } else {
-        None
+    let mark = |report: &mut JailReport, what: &str| {
+        report
+            .timings
+            .push((what.to_string(), start.elapsed().as_micros() as u64));
     };
-    if let Some(cg) = &cgroup {
-        report.enforced.extend(cg.describe());
-    }
+    mark(report, "request read");
+    let filters = seccomp::compile().step("compile seccomp policy")?;
+    mark(report, "seccomp compiled");
     let env = super::program_env(&spec.env, "/work", "/tmp");
     let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create sync pipe")?;
     let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create status pipe")?;
@@ -115,18 +114,38 @@ pub fn run(
     if pid == 0 {
         drop(go_w);
         drop(st_r);
-        init::main(spec, &env, files, go_r, st_w, &filters, cgroup.is_some());
+        init::main(spec, &env, files, go_r, st_w, &filters);
     }
     let init_pid = Pid::from_raw(pid as i32);
+    mark(report, "cloned");
     drop(go_r);
     drop(st_w);
 
+    // Init builds the root while we create and join its cgroup: moving a process between
+    // cgroups may wait for an RCU grace period (milliseconds), so it overlaps the mounts.
+    let mut cgroup = None;
     let released = (|| -> Result<(), StepError> {
         write_id_maps(init_pid, outer_uid, outer_gid)?;
-        if let Some(cg) = &cgroup {
-            cg.attach(init_pid.as_raw()).step("join cgroup")?;
+        nix::unistd::write(&go_w, GO_BUILD).step("release init")?;
+        mark(report, "released");
+        if root {
+            match Cgroup::create(&spec.limits)
+                .and_then(|cg| cg.attach(init_pid.as_raw()).map(|()| cg))
+            {
+                Ok(cg) => {
+                    report.enforced.extend(cg.describe());
+                    cgroup = Some(cg);
+                }
+                Err(e) => report.enforced.push(format!("cgroup: unavailable ({e})")),
+            }
         }
-        nix::unistd::write(&go_w, b"g").step("release init")?;
+        mark(report, "cgroup joined");
+        let go = if cgroup.is_some() {
+            GO_RUN_CGROUP
+        } else {
+            GO_RUN_RLIMITS
+        };
+        nix::unistd::write(&go_w, go).step("start program")?;
         Ok(())
     })();
     if let Err(e) = released {
@@ -157,7 +176,9 @@ pub fn run(
             report.cpu_time_ms = Some(ms);
         }
     }
+    mark(report, "reaped");
     drop(cgroup);
+    mark(report, "cgroup removed");
     if let Some(e) = watch.failed {
         return Err(e);
     }
@@ -259,7 +280,8 @@ fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailRepor
                 continue;
             };
             match msg {
-                Msg::Started => {
+                Msg::Started { root_us } => {
+                    report.timings.push(("init: root built".into(), root_us));
                     let now = Instant::now();
                     started = Some(now);
                     report.setup_us = now.duration_since(start).as_micros() as u64;
