@@ -70,12 +70,16 @@ pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
     for p in profiles {
         match p {
             ToolProfile::Default | ToolProfile::Isolator => {
-                push(ToolKind::ExecuteCode, execute_code_tool());
+                push(ToolKind::ExecuteCode, portable(execute_code_tool()));
             }
-            ToolProfile::Quickjs => push(ToolKind::RunJavascript, run_javascript_tool()),
-            ToolProfile::Heroku => push(ToolKind::CodeExecPython, code_exec_python_tool()),
+            ToolProfile::Quickjs => {
+                push(ToolKind::RunJavascript, portable(run_javascript_tool()));
+            }
+            ToolProfile::Heroku => {
+                push(ToolKind::CodeExecPython, portable(code_exec_python_tool()));
+            }
             ToolProfile::Sidecar => {
-                push(ToolKind::SidecarExecute, sidecar_execute_tool());
+                push(ToolKind::SidecarExecute, portable(sidecar_execute_tool()));
                 push(ToolKind::ListPackages, list_packages_tool());
             }
         }
@@ -162,6 +166,33 @@ fn list_packages_tool() -> Tool {
             .open_world(false)
             .with_title_str("List Python packages"),
     )
+}
+
+/// Input schemas without `"type": [T, "null"]`: optional arguments are simply absent, and a
+/// single `type` maps onto every client's schema dialect (Gemini's OpenAPI subset included).
+fn portable(mut tool: Tool) -> Tool {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Array(types)) = map.get("type")
+                    && types.len() == 2
+                    && types.iter().any(|t| t == "null")
+                    && let Some(single) = types.iter().find(|t| *t != "null").cloned()
+                {
+                    map.insert("type".into(), single);
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut schema = serde_json::Value::Object(tool.input_schema.as_ref().clone());
+    walk(&mut schema);
+    if let serde_json::Value::Object(map) = schema {
+        tool.input_schema = std::sync::Arc::new(map);
+    }
+    tool
 }
 
 fn empty_schema() -> std::sync::Arc<rmcp::model::JsonObject> {
