@@ -482,8 +482,6 @@ fn processes_with(marker: &str) -> Vec<u32> {
 }
 
 #[tokio::test]
-#[ignore = "the Linux backend does not kill the program yet when its helper is killed \
-            (dropping Engine::execute SIGKILLs __jail, the program keeps running as nobody)"]
 async fn progress_is_reported_and_cancellation_kills_the_run() {
     let s = start(&[]).await;
     let marker = format!("gearbox-cancel-{}", std::process::id());
@@ -538,8 +536,6 @@ async fn progress_is_reported_and_cancellation_kills_the_run() {
 }
 
 #[tokio::test]
-#[ignore = "the Linux backend does not kill the program yet when its helper is killed \
-            (dropping Engine::execute SIGKILLs __jail, the program keeps running as nobody)"]
 async fn a_client_that_leaves_gets_its_runs_killed() {
     let s = start(&[]).await;
     let marker = format!("gearbox-leave-{}", std::process::id());

@@ -42,6 +42,17 @@ pub fn main(
         _ => exit(1),
     };
     drop(go_r);
+    // A cgroup namespace rooted at the run's own cgroup (joined just now), so the program
+    // sees "/" and nothing of the host's cgroup tree.
+    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
+        fail(
+            &st_w,
+            StepError {
+                step: "new cgroup namespace".into(),
+                message: e.to_string(),
+            },
+        );
+    }
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
     match unsafe { fork() } {
         Err(e) => fail(
@@ -104,6 +115,9 @@ fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
         .step("become sandbox group")?;
     nix::unistd::setresuid(Uid::from_raw(id), Uid::from_raw(id), Uid::from_raw(id))
         .step("become sandbox user")?;
+    // Changing credentials clears the parent-death signal: set it again, so that a helper
+    // killed from now on still takes init (and with it the whole pid namespace) along.
+    super::die_with_parent(0).step("tie init to helper")?;
     mount::build_root(spec, &files)?;
     nix::unistd::sethostname("gearbox").step("set hostname")?;
     if !spec.network {

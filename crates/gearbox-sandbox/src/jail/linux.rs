@@ -90,8 +90,7 @@ pub fn run(
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWCGROUP;
+        | libc::CLONE_NEWUTS;
     if !spec.network {
         flags |= libc::CLONE_NEWNET;
     }

@@ -1,0 +1,325 @@
+//! Execution: languages, exit codes, signals, stdin, files, args, env, output handling,
+//! limits, concurrency.
+
+use gearbox_core::{BackendKind, LimitOverrides, Status};
+
+use crate::support::{is_root, run};
+
+#[tokio::test]
+async fn python_hello() {
+    let o = run("python", "import sys\nprint('hello', sys.version_info[0])")
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "hello 3\n");
+    assert_eq!(o.exit_code, Some(0));
+    assert_eq!(o.backend, "linux");
+}
+
+#[tokio::test]
+async fn javascript_hello() {
+    let o = run("javascript", "console.log(6*7); console.error('to stderr')")
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "42\n");
+    assert_eq!(o.stderr, "to stderr\n");
+}
+
+#[tokio::test]
+async fn go_hello() {
+    let code = "package main\nimport (\"fmt\"; \"os\")\nfunc main() { fmt.Println(\"go\", len(os.Args)); os.Exit(0) }\n";
+    let o = run("go", code).go().await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "go 1\n");
+}
+
+#[tokio::test]
+async fn bash_hello_with_args_and_env() {
+    let o = run("bash", "echo \"$1|$2|$GREETING|$(pwd)|$HOME\"")
+        .args(&["a b", "c"])
+        .env("GREETING", "hi")
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "a b|c|hi|/work|/work\n");
+}
+
+#[tokio::test]
+async fn exit_code_is_reported_as_error() {
+    let o = run("python", "import sys; print('x'); sys.exit(3)")
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Error);
+    assert_eq!(o.exit_code, Some(3));
+    assert_eq!(o.stdout, "x\n");
+    assert!(
+        o.render_text()
+            .starts_with("Execution Failed (error): exit code 3")
+    );
+}
+
+#[tokio::test]
+async fn signal_is_reported() {
+    let o = run(
+        "python",
+        "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
+    )
+    .go()
+    .await;
+    assert_eq!(o.status, Status::Error);
+    assert_eq!(o.signal, Some(15));
+    assert_eq!(o.exit_code, None);
+}
+
+#[tokio::test]
+async fn uncaught_exception_shows_traceback() {
+    let o = run("python", "raise ValueError('boom')").go().await;
+    assert_eq!(o.status, Status::Error);
+    assert!(o.stderr.contains("ValueError: boom"), "{}", o.stderr);
+}
+
+#[tokio::test]
+async fn stdin_is_delivered() {
+    let o = run(
+        "python",
+        "import sys; data = sys.stdin.read(); print(data.upper(), end='')",
+    )
+    .stdin("hello\nworld\n")
+    .go()
+    .await;
+    assert_eq!(o.stdout, "HELLO\nWORLD\n", "{o:?}");
+}
+
+#[tokio::test]
+async fn no_stdin_means_eof_not_a_hang() {
+    let o = run(
+        "python",
+        "try:\n    input()\nexcept EOFError:\n    print('eof')",
+    )
+    .timeout_ms(5000)
+    .go()
+    .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "eof\n");
+}
+
+#[tokio::test]
+async fn large_stdin_does_not_deadlock() {
+    let big = "x".repeat(4 * 1024 * 1024);
+    let o = run("python", "import sys; print(len(sys.stdin.read()))")
+        .stdin(&big)
+        .go()
+        .await;
+    assert_eq!(o.stdout.trim(), (4 * 1024 * 1024).to_string(), "{o:?}");
+}
+
+#[tokio::test]
+async fn additional_files_are_in_the_workspace() {
+    let o = run(
+        "python",
+        "import json\nprint(open('data/in.json').read().strip(), json.load(open('data/in.json'))['k'])",
+    )
+    .file("data/in.json", "{\"k\": 7}\n")
+    .go()
+    .await;
+    assert_eq!(o.stdout, "{\"k\": 7} 7\n", "{o:?}");
+}
+
+#[tokio::test]
+async fn unicode_round_trips_and_invalid_utf8_is_replaced() {
+    let o = run(
+        "python",
+        "import sys\nprint('héllo ✓ 日本 🎉')\nsys.stdout.flush()\nsys.stdout.buffer.write(b'bad:\\xff\\xfe\\n')",
+    )
+    .go()
+    .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert!(o.stdout.starts_with("héllo ✓ 日本 🎉\n"), "{}", o.stdout);
+    assert!(o.stdout.contains("bad:\u{fffd}\u{fffd}"), "{}", o.stdout);
+}
+
+#[tokio::test]
+async fn output_before_a_timeout_is_kept() {
+    let o = run(
+        "python",
+        "import time\nprint('before', flush=False)\ntime.sleep(30)",
+    )
+    .timeout_ms(1000)
+    .go()
+    .await;
+    assert_eq!(o.status, Status::Timeout, "{o:?}");
+    assert_eq!(o.stdout, "before\n");
+    assert!(
+        o.duration_ms >= 1000 && o.duration_ms < 5000,
+        "{}",
+        o.duration_ms
+    );
+    assert!(o.reason.as_deref().unwrap_or("").contains("1000 ms"));
+}
+
+#[tokio::test]
+async fn output_is_capped_with_a_marker() {
+    let o = run(
+        "bash",
+        "head -c 300000 /dev/zero | tr '\\0' a; echo; echo err >&2",
+    )
+    .limits(LimitOverrides {
+        output_bytes: Some(1000),
+        ..Default::default()
+    })
+    .go()
+    .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert!(o.stdout_truncated);
+    assert!(!o.stderr_truncated);
+    assert!(o.stdout.starts_with(&"a".repeat(1000)));
+    assert!(
+        o.stdout.contains("output truncated"),
+        "{}",
+        &o.stdout[1000..]
+    );
+    assert!(o.stdout.len() < 1200);
+    assert_eq!(o.stderr, "err\n");
+}
+
+#[tokio::test]
+async fn cpu_limit_kills_a_spinning_program() {
+    let o = run("python", "while True: pass")
+        .limits(LimitOverrides {
+            cpu_ms: Some(1000),
+            timeout_ms: Some(20_000),
+            ..Default::default()
+        })
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Killed, "{o:?}");
+    assert!(o.reason.as_deref().unwrap_or("").contains("CPU"), "{o:?}");
+}
+
+#[tokio::test]
+async fn file_size_limit_is_enforced() {
+    let o = run("python", "open('big','wb').write(b'x' * (3 * 1024 * 1024))")
+        .limits(LimitOverrides {
+            file_size_mb: Some(1),
+            ..Default::default()
+        })
+        .go()
+        .await;
+    assert_ne!(o.status, Status::Ok, "{o:?}");
+    assert!(o.stderr.contains("File too large"), "{}", o.stderr);
+}
+
+#[tokio::test]
+async fn resource_usage_is_measured() {
+    let o = run(
+        "python",
+        "x = bytearray(50 * 1024 * 1024)\nsum(range(2_000_000))",
+    )
+    .go()
+    .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert!(o.usage.cpu_time_ms.is_some());
+    let peak = o.usage.peak_memory_kb.expect("peak memory");
+    assert!(peak > 40 * 1024, "peak {peak} KiB");
+    assert!(o.usage.setup_us.is_some());
+}
+
+#[tokio::test]
+async fn sixteen_concurrent_runs_get_their_own_output() {
+    let runs = (0..16).map(|i| {
+        run(
+            "python",
+            &format!("import time\ntime.sleep(0.2)\nprint('run-{i}')"),
+        )
+        .go()
+    });
+    let outcomes = futures_join_all(runs).await;
+    for (i, o) in outcomes.iter().enumerate() {
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        assert_eq!(o.stdout, format!("run-{i}\n"));
+    }
+}
+
+async fn futures_join_all<F: std::future::Future + Send + 'static>(
+    futs: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = vec![];
+    for h in handles {
+        out.push(h.await.expect("task"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn unknown_language_and_bad_names_are_refused_before_running() {
+    let o = run("cobol", "DISPLAY 'x'").go().await;
+    assert_eq!(o.status, Status::Error);
+    assert!(
+        o.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("unknown language")
+    );
+    for bad in ["../escape.txt", "/etc/cron.d/x", "a/../../b", "nul\0byte"] {
+        let o = run("bash", "echo ran").file(bad, "x").go().await;
+        assert_eq!(o.status, Status::Denied, "{bad:?}: {o:?}");
+        assert!(o.stdout.is_empty(), "nothing may run");
+    }
+}
+
+#[tokio::test]
+async fn limits_above_the_maximum_are_refused_naming_the_field() {
+    let o = run("bash", "true")
+        .limits(LimitOverrides {
+            memory_mb: Some(1 << 20),
+            ..Default::default()
+        })
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Denied);
+    assert!(
+        o.reason.as_deref().unwrap_or("").contains("memory_mb"),
+        "{o:?}"
+    );
+}
+
+#[tokio::test]
+async fn process_backend_runs_and_kills_its_group() {
+    let o = run("bash", "echo from-process; pwd")
+        .backend(BackendKind::Process)
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert!(
+        o.stdout.starts_with("from-process\n/tmp/gearbox-run-"),
+        "{}",
+        o.stdout
+    );
+    let o = run("bash", "sleep 30")
+        .timeout_ms(500)
+        .backend(BackendKind::Process)
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Timeout, "{o:?}");
+}
+
+#[tokio::test]
+async fn cgroups_are_used_when_root() {
+    if !is_root() {
+        eprintln!("not root: cgroup limits not in use, rlimits instead (see doctor)");
+        return;
+    }
+    let o = run("bash", "cat /proc/self/cgroup").go().await;
+    // Inside its own cgroup namespace the run sees itself at the root.
+    assert!(o.stdout.contains(":/"), "{}", o.stdout);
+    assert!(
+        !o.stdout.contains("gearbox"),
+        "cgroup path of the host leaks: {}",
+        o.stdout
+    );
+}

@@ -1,0 +1,10 @@
+//! The sandbox test binary: real interpreters in real sandboxes, driven through the engine
+//! with the real `gearbox` binary as the helper. One module per topic; `escape` holds the
+//! hostile programs, each with the containment it must meet.
+//!
+//! Run it as root (cgroups in use) and as an unprivileged user (rlimits instead):
+//! `scripts/test-unprivileged.sh` re-runs this binary as `nobody`.
+
+mod escape;
+mod exec;
+mod support;

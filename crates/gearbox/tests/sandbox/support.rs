@@ -1,0 +1,104 @@
+//! Test support: an engine whose helper is the built `gearbox` binary.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use gearbox_core::{BackendKind, ExecRequest, FileInput, LimitOverrides, Outcome};
+use gearbox_engine::{Config, Engine};
+
+/// The gearbox binary under test (`GEARBOX_BIN` overrides, for running as another user).
+pub fn gearbox_bin() -> PathBuf {
+    std::env::var_os("GEARBOX_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gearbox")))
+}
+
+pub fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| Engine::new(Config::default(), gearbox_bin()))
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A request builder.
+#[derive(Clone)]
+pub struct Run {
+    pub req: ExecRequest,
+    pub backend: Option<BackendKind>,
+}
+
+pub fn run(language: &str, code: &str) -> Run {
+    Run {
+        req: ExecRequest {
+            language: language.into(),
+            code: code.into(),
+            ..Default::default()
+        },
+        backend: None,
+    }
+}
+
+impl Run {
+    pub fn timeout_ms(mut self, ms: u64) -> Self {
+        self.req.limits.timeout_ms = Some(ms);
+        self
+    }
+    pub fn limits(mut self, l: LimitOverrides) -> Self {
+        self.req.limits = l;
+        self
+    }
+    pub fn stdin(mut self, s: &str) -> Self {
+        self.req.stdin = s.as_bytes().to_vec();
+        self
+    }
+    pub fn file(mut self, name: &str, content: &str) -> Self {
+        self.req.files.push(FileInput {
+            filename: name.into(),
+            content: content.into(),
+            encoding: Default::default(),
+        });
+        self
+    }
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.req.args = args.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        let mut env = BTreeMap::new();
+        env.insert(k.to_string(), v.to_string());
+        self.req.env.extend(env);
+        self
+    }
+    pub fn backend(mut self, b: BackendKind) -> Self {
+        self.backend = Some(b);
+        self
+    }
+    pub async fn go(self) -> Outcome {
+        engine().execute(self.req, self.backend).await
+    }
+}
+
+/// Host processes whose command line contains `needle`.
+pub fn host_processes_with(needle: &str) -> Vec<String> {
+    let mut found = vec![];
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                found.push(format!("{}: {cmd}", name.to_string_lossy()));
+            }
+        }
+    }
+    found
+}
