@@ -366,3 +366,14 @@ async fn write_escape_through_a_symlink_in_the_workspace_stays_inside() {
     assert!(!o.stdout.contains("WROTE"), "{o:?}");
     assert!(!std::path::Path::new("/etc/gearbox-through-link").exists());
 }
+
+#[tokio::test]
+async fn dropping_a_run_kills_its_sandbox() {
+    // What a cancelled MCP call or a vanished client does: the future is dropped mid-run.
+    let marker = "sleep 41.2718";
+    let fut = run("bash", &format!("( {marker} & ); {marker}")).timeout_ms(20_000).go();
+    assert!(tokio::time::timeout(Duration::from_millis(1500), fut).await.is_err());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let survivors = host_processes_with(marker);
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run the sandbox test binary as `nobody`: the Linux backend must isolate without root
+# (user namespaces, no cgroups, rlimits instead). The binaries are copied to a directory
+# nobody can read, since the build directory usually is not.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$(cargo test -p gearbox --test sandbox --no-run --locked --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "sandbox" and m.get("executable"):
+        print(m["executable"])')
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+dir=$(mktemp -d /tmp/gearbox-unpriv-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+cp "$bin" "$dir/sandbox-tests"
+cp "$target_dir/debug/gearbox" "$dir/gearbox"
+mkdir "$dir/tmp"
+chmod 755 "$dir" "$dir/sandbox-tests" "$dir/gearbox"
+chmod 1777 "$dir/tmp"
+cd "$dir"
+setpriv --reuid=65534 --regid=65534 --clear-groups \
+    env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$dir/tmp" TMPDIR="$dir/tmp" \
+    GEARBOX_BIN="$dir/gearbox" ./sandbox-tests --test-threads=2

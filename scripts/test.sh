@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (`.ci/run` calls this). Installs what is missing first.
+#
+#   scripts/test.sh
+#
+# Steps: formatting check; every crate's unit and integration tests (real sandboxes, real
+# MCP clients over stdio); the sandbox suite again as an unprivileged user; the end-to-end
+# client of the official MCP Python SDK. GEARBOX_LINT=1 adds clippy -D warnings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+GEARBOX_SKIP_BUILD=1 bash scripts/setup.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+if [ -n "${GEARBOX_LINT:-}" ]; then
+    echo "== cargo clippy"
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+fi
+
+echo "== cargo test (as $(id -un))"
+cargo test --workspace --locked
+
+if [ "$(id -u)" -eq 0 ]; then
+    echo "== sandbox suite as an unprivileged user"
+    bash scripts/test-unprivileged.sh
+fi
+
+echo "== end-to-end: official MCP Python SDK over stdio"
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+.venv/bin/python tests/e2e/mcp_client.py --gearbox "$target_dir/debug/gearbox"
