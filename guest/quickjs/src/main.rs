@@ -10,9 +10,9 @@
 //!   gearbox's host passes code when the call has no extra files: nothing touches a filesystem.
 //! - Without `--eval`, NAME is read through WASI from the preopened directory (gearbox preopens a
 //!   private workspace only when the call brings extra files); relative `import`s resolve there.
-//! - `--module`/`--script` force the kind; otherwise a `.mjs` NAME or source that QuickJS detects
-//!   as a module (top-level `import`/`export`) runs as an ES module, anything else as a sloppy-mode
-//!   script. Both allow top-level `await`.
+//! - `--module`/`--script` force the kind; otherwise a `.mjs` NAME or source with a line
+//!   starting with `import`/`export` (or using `import.meta`) runs as an ES module, anything
+//!   else as a sloppy-mode script. Both allow top-level `await`.
 //! - The program's stdin is WASI stdin (read with `readStdin()`); ARGS become `scriptArgs[1..]`
 //!   and `process.argv[2..]`; WASI environment variables become `process.env`.
 //!
@@ -135,9 +135,21 @@ fn is_module(args: &Args, code: &str) -> bool {
     if args.name.ends_with(".cjs") {
         return false;
     }
-    // SAFETY: the pointer and length describe `code`, which outlives the call; QuickJS only
-    // reads the bytes.
-    unsafe { rquickjs::qjs::JS_DetectModule(code.as_ptr().cast(), code.len() as _) }
+    looks_like_module(code)
+}
+
+/// Whether `code` has a line starting with an `import`/`export` statement or uses
+/// `import.meta`. (QuickJS's `JS_DetectModule` calls anything that compiles as a module a
+/// module, which would run sloppy scripts such as `x = 1` in strict mode.)
+fn looks_like_module(code: &str) -> bool {
+    code.contains("import.meta")
+        || code.lines().any(|line| {
+            let l = line.trim_start();
+            let after = |kw: &str| l.strip_prefix(kw).and_then(|r| r.chars().next());
+            matches!(after("export"), Some(c) if c.is_whitespace() || c == '{' || c == '*')
+                || matches!(after("import"), Some(c) if c.is_whitespace() || c == '{' || c == '*' || c == '"' || c == '\'')
+                    && !l["import".len()..].trim_start().starts_with('(')
+        })
 }
 
 type Rejections = Rc<RefCell<Vec<(Persistent<Value<'static>>, Persistent<Value<'static>>)>>>;
@@ -163,7 +175,10 @@ fn run(args: &Args, code: String) -> Result<i32, String> {
                 let mut list = rejections.borrow_mut();
                 if handled {
                     list.retain(|(p, _)| {
-                        p.clone().restore(&ctx).map(|p| p != promise).unwrap_or(true)
+                        p.clone()
+                            .restore(&ctx)
+                            .map(|p| p != promise)
+                            .unwrap_or(true)
                     });
                 } else {
                     list.push((

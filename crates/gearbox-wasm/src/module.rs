@@ -1,0 +1,176 @@
+//! The engine configuration and the compiled QuickJS module: compiled once per process, or
+//! loaded from a `.cwasm` cache file that gearbox itself wrote.
+//!
+//! The cache key is the SHA-256 of the guest module plus wasmtime's version and the engine's
+//! compatibility hash (configuration and host CPU features), so a file written by another
+//! wasmtime or another configuration is never loaded; wasmtime re-checks the header as well.
+//! Deserializing native code is `unsafe`: a file in the cache directory is trusted as much as
+//! the gearbox binary itself, so the directory is created with mode 0700 and files are written
+//! atomically with mode 0600. A file that fails to load is recompiled and replaced.
+
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+use wasmtime::{Config, Engine, Module, OptLevel};
+
+use crate::WasmError;
+
+/// The QuickJS guest, built from `guest/quickjs` by `scripts/build-guest.sh`.
+pub const GUEST_WASM: &[u8] = include_bytes!("../guest/quickjs.wasm");
+
+/// Largest native stack the guest may use, in bytes. quickjs-ng turns its own stack check off
+/// on WASI, so deep recursion ends in a trap at this depth (or earlier, when QuickJS's shadow
+/// stack in linear memory runs out).
+pub const MAX_WASM_STACK_BYTES: usize = 1024 * 1024;
+
+pub(crate) fn engine() -> Result<Engine, WasmError> {
+    let mut config = Config::new();
+    config
+        .epoch_interruption(true)
+        .max_wasm_stack(MAX_WASM_STACK_BYTES)
+        .cranelift_opt_level(OptLevel::Speed)
+        .parallel_compilation(true);
+    Engine::new(&config).map_err(|e| WasmError::Engine(e.to_string()))
+}
+
+/// How the module was obtained, for `doctor` and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModuleSource {
+    Compiled { ms: u64 },
+    Cache { path: PathBuf, ms: u64 },
+    CompiledAndCached { path: PathBuf, ms: u64 },
+}
+
+pub(crate) fn load(
+    engine: &Engine,
+    wasm: &[u8],
+    cache_dir: Option<&Path>,
+) -> Result<(Module, ModuleSource), WasmError> {
+    let start = Instant::now();
+    let ms = |start: Instant| start.elapsed().as_millis() as u64;
+    let Some(dir) = cache_dir else {
+        let module = compile(engine, wasm)?;
+        return Ok((module, ModuleSource::Compiled { ms: ms(start) }));
+    };
+    let path = dir.join(cache_file_name(engine, wasm));
+    if path.is_file() {
+        // SAFETY: the file sits in gearbox's private cache directory (mode 0700) and was
+        // written by `store` below from `Module::serialize` of this very engine configuration;
+        // its name carries the guest's hash, the wasmtime version and the engine's
+        // compatibility hash, and wasmtime validates the header before using it.
+        match unsafe { Module::deserialize_file(engine, &path) } {
+            Ok(module) => {
+                return Ok((
+                    module,
+                    ModuleSource::Cache {
+                        path,
+                        ms: ms(start),
+                    },
+                ));
+            }
+            Err(e) => tracing::warn!(path = %path.display(), "ignoring unusable wasm cache: {e}"),
+        }
+    }
+    let module = compile(engine, wasm)?;
+    match store(&module, dir, &path) {
+        Ok(()) => Ok((
+            module,
+            ModuleSource::CompiledAndCached {
+                path,
+                ms: ms(start),
+            },
+        )),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "cannot write the wasm cache: {e}");
+            Ok((module, ModuleSource::Compiled { ms: ms(start) }))
+        }
+    }
+}
+
+fn compile(engine: &Engine, wasm: &[u8]) -> Result<Module, WasmError> {
+    Module::new(engine, wasm).map_err(|e| WasmError::Compile(e.to_string()))
+}
+
+fn cache_file_name(engine: &Engine, wasm: &[u8]) -> String {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    let digest = Sha256::digest(wasm);
+    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "quickjs-{hex}-wasmtime{}-{:016x}.cwasm",
+        wasmtime_version(),
+        h.finish()
+    )
+}
+
+fn wasmtime_version() -> &'static str {
+    // Pinned in the workspace Cargo.toml; keep in step.
+    "48.0.8"
+}
+
+fn store(module: &Module, dir: &Path, path: &Path) -> std::io::Result<()> {
+    create_private_dir(dir)?;
+    let bytes = module.serialize().map_err(std::io::Error::other)?;
+    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), unique()));
+    let mut f = private_file(&tmp)?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(unix)]
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+#[cfg(not(unix))]
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)
+}
+
+#[cfg(unix)]
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+}
+
+/// The default cache directory: `$XDG_CACHE_HOME/gearbox/wasm` or `~/.cache/gearbox/wasm`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("gearbox").join("wasm"))
+}
