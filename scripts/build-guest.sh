@@ -11,6 +11,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GUEST="$ROOT/guest/quickjs"
 OUT="$ROOT/crates/gearbox-wasm/guest/quickjs.wasm"
 TARGET_DIR="${GEARBOX_GUEST_TARGET_DIR:-$ROOT/target/guest}"
+mkdir -p "$TARGET_DIR" && TARGET_DIR="$(cd "$TARGET_DIR" && pwd)"
 
 # Debian ships wasi-libc under /usr/{include,lib}/wasm32-wasi; clang wants one sysroot with
 # both (without --sysroot, host glibc headers leak into the build).
@@ -31,9 +32,12 @@ export AR_wasm32_wasip1="$AR_TOOL"
 export CFLAGS_wasm32_wasip1="--sysroot=$SYSROOT"
 # Otherwise rquickjs-sys downloads wasi-sdk from the internet.
 export RQUICKJS_SYS_NO_WASI_SDK=1
-# Reproducible output: no absolute paths of this checkout or of ~/.cargo in the module.
-export RUSTFLAGS="--remap-path-prefix=$ROOT=/gearbox --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo"
-export CFLAGS_wasm32_wasip1="$CFLAGS_wasm32_wasip1 -ffile-prefix-map=$ROOT=/gearbox -ffile-prefix-map=${CARGO_HOME:-$HOME/.cargo}=/cargo"
+# Reproducible output: no absolute paths of this checkout, of the target directory (the C
+# sources' __FILE__ lives there) or of ~/.cargo in the module. For rustc the last matching
+# remap wins; clang prefers the longest prefix.
+CARGO_DIR="${CARGO_HOME:-$HOME/.cargo}"
+export RUSTFLAGS="--remap-path-prefix=$ROOT=/gearbox --remap-path-prefix=$CARGO_DIR=/cargo --remap-path-prefix=$TARGET_DIR=/target"
+export CFLAGS_wasm32_wasip1="$CFLAGS_wasm32_wasip1 -ffile-prefix-map=$ROOT=/gearbox -ffile-prefix-map=$CARGO_DIR=/cargo -ffile-prefix-map=$TARGET_DIR=/target"
 export SOURCE_DATE_EPOCH=0
 
 cargo build --release --locked --target wasm32-wasip1 \

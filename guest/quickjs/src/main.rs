@@ -73,11 +73,13 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn write_fd(fd: i32, s: &str) {
-    // A closed or full pipe is not the program's problem: drop the bytes.
+    // Unbuffered, so output printed before a deadline or a trap is never lost. A closed or
+    // full pipe is not the program's problem: drop the bytes.
     let _ = if fd == 2 {
         std::io::stderr().write_all(s.as_bytes())
     } else {
-        std::io::stdout().write_all(s.as_bytes())
+        let mut out = std::io::stdout().lock();
+        out.write_all(s.as_bytes()).and_then(|()| out.flush())
     };
 }
 
