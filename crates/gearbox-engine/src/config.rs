@@ -39,6 +39,132 @@ pub struct Config {
     /// (`run_javascript_code`), `heroku` (`code_exec_python`), `sidecar` (`execute`,
     /// `list_packages`). `--profile` on the command line replaces this list.
     pub profiles: Vec<ToolProfile>,
+    /// How many runs may execute at once and how many may wait (every transport).
+    pub concurrency: ConcurrencyConfig,
+    /// `gearbox serve --http`: keys, host and origin checks, connection limits.
+    pub http: HttpConfig,
+    /// The audit log: one JSON line per execution.
+    pub audit: AuditConfig,
+    /// Warm pool of the `linux` backend: sandboxes kept built and waiting, per language
+    /// (count). A run whose language, environment and limits match the defaults takes one
+    /// (Python and JavaScript interpreters are already started); others start cold. The pool
+    /// grows on misses up to 8 per language. Default `{ python = 1, javascript = 1,
+    /// bash = 1 }`; `{}` disables it. `gearbox run` never uses it.
+    pub pool: BTreeMap<String, usize>,
+}
+
+/// Back-pressure: a bounded number of concurrent runs and a bounded queue behind them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConcurrencyConfig {
+    /// Runs executing at once (count); 0 means the number of CPU cores. Default 0.
+    pub max_running: usize,
+    /// Calls that may wait for a free slot (count); past it a call is refused with
+    /// "busy, retry after N s" (HTTP 503 where the transport allows). Default 64.
+    pub max_queued: usize,
+}
+
+impl Default for ConcurrencyConfig {
+    fn default() -> Self {
+        ConcurrencyConfig {
+            max_running: 0,
+            max_queued: 64,
+        }
+    }
+}
+
+impl ConcurrencyConfig {
+    /// `max_running` with 0 resolved to the number of CPU cores (at least 1).
+    pub fn running(&self) -> usize {
+        if self.max_running > 0 {
+            return self.max_running;
+        }
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
+/// The HTTP transports of `gearbox serve --http`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// File of API keys, one `name:key` per line (`#` starts a comment). Keys also come from
+    /// the environment variable `GEARBOX_API_KEYS=name:key,name2:key2`. Default: none. With
+    /// no key at all, HTTP is unauthenticated and only a loopback bind is allowed.
+    pub api_keys_file: Option<PathBuf>,
+    /// Accepted `Host` header values (`name` or `name:port`), against DNS rebinding.
+    /// Default: `localhost`, `127.0.0.1`, `::1`. An empty list turns the check off (a
+    /// server behind a proxy that checks hosts itself).
+    pub allowed_hosts: Vec<String>,
+    /// Accepted browser `Origin` values (`scheme://host[:port]`, `:*` for any port); a request
+    /// with any other `Origin` gets 403. A request without `Origin` (not a browser) passes.
+    /// Default: the loopback origins on any port.
+    pub allowed_origins: Vec<String>,
+    /// Largest request body in bytes; larger requests get 413. Default 4194304 (4 MiB).
+    pub max_body_bytes: usize,
+    /// Time a client has to send a request's headers, in milliseconds (slowloris). Default
+    /// 10000.
+    pub header_timeout_ms: u64,
+    /// Time a client has to send a request's body, in milliseconds. Default 30000.
+    pub body_timeout_ms: u64,
+    /// Open TCP connections at once (count); more wait in the kernel's backlog. Default 1024.
+    pub max_connections: usize,
+    /// On SIGTERM/SIGINT, how long running calls may take to finish before they are
+    /// killed, in milliseconds. Default 6000 (the whole shutdown stays under 10 s).
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            api_keys_file: None,
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            allowed_origins: vec![
+                "http://localhost:*".into(),
+                "http://127.0.0.1:*".into(),
+                "http://[::1]:*".into(),
+            ],
+            max_body_bytes: 4 * 1024 * 1024,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            max_connections: 1024,
+            shutdown_grace_ms: 6_000,
+        }
+    }
+}
+
+/// The audit log: one JSON line per execution (time, caller, transport, tool, language, code
+/// hash and code, files, outcome, durations, resource use). When it cannot be written,
+/// executions are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// File the lines are appended to. Default: none for stdio; `gearbox serve --http` then
+    /// uses `$STATE_DIRECTORY/audit.jsonl`, else `$XDG_STATE_HOME/gearbox/audit.jsonl`, else
+    /// `~/.local/state/gearbox/audit.jsonl`.
+    pub path: Option<PathBuf>,
+    /// Record only the SHA-256 of the code, not the code itself. Default false.
+    pub hash_only: bool,
+    /// Size in bytes past which the file is rotated to `FILE.1` (older ones shift to `.2`,
+    /// ...). Default 104857600 (100 MiB).
+    pub max_bytes: u64,
+    /// Rotated files kept (count). Default 5.
+    pub keep: usize,
+    /// Lines that arrive while an fsync is under way share the next one (group commit); a
+    /// value above 0 also waits up to this many milliseconds for more lines before syncing,
+    /// which delays every answer by as much. Default 0.
+    pub fsync_interval_ms: u64,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            path: None,
+            hash_only: false,
+            max_bytes: 100 * 1024 * 1024,
+            keep: 5,
+            fsync_interval_ms: 0,
+        }
+    }
 }
 
 /// A set of MCP tools named and shaped like those of a system gearbox replaces, so prompts
@@ -100,8 +226,19 @@ impl Default for Config {
             languages: BTreeMap::new(),
             snippets_dir: None,
             profiles: vec![ToolProfile::Default],
+            concurrency: ConcurrencyConfig::default(),
+            http: HttpConfig::default(),
+            audit: AuditConfig::default(),
+            pool: default_pool(),
         }
     }
+}
+
+fn default_pool() -> BTreeMap<String, usize> {
+    [("python", 1), ("javascript", 1), ("bash", 1)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 impl Config {

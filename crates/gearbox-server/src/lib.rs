@@ -3,12 +3,19 @@
 //! It owns the tools (`execute_code` and the drop-in profiles that mimic the systems gearbox
 //! replaces), their argument contract, the resources (`gearbox://env`, `env://info`,
 //! `gearbox://snippets/...`) and the stdio transport. One handler type, [`GearboxServer`],
-//! implements rmcp's `ServerHandler`, so the same value can be served over stdio
-//! ([`serve_stdio`]) or mounted under a Streamable HTTP service. Every run goes through
-//! [`gearbox_engine::Engine::execute`]; this crate must not know how a backend isolates, and it
-//! writes nothing to stdout but the protocol.
+//! implements rmcp's `ServerHandler`, so the same value is served over stdio
+//! ([`serve_stdio`]) and over HTTP ([`http`]: Streamable HTTP at `/mcp`, the 2024-11-05
+//! HTTP+SSE transport at `/sse` + `/messages`, API keys, health, metrics). Every run passes
+//! the shared [`limiter::Limiter`] (back-pressure), is counted in [`metrics::Metrics`] and
+//! written to the [`audit::AuditLog`], then goes through
+//! [`gearbox_engine::Engine::execute`]; this crate must not know how a backend isolates, and
+//! over stdio it writes nothing to stdout but the protocol.
 
 mod args;
+pub mod audit;
+pub mod http;
+pub mod limiter;
+pub mod metrics;
 mod resources;
 mod server;
 mod snippets;
@@ -31,6 +38,15 @@ pub const EXAMPLE_CONFIG: &str = include_str!("config_example.toml");
 /// How often a running call reports progress to a client that sent a progress token.
 pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The caller of a request: the name of the API key it presented (never the key). Put in
+/// the HTTP request's extensions by the authentication layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+/// The transport a request came over (`http`, `sse`), in the HTTP request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportName(pub &'static str);
+
 /// Settings of one server, resolved from the configuration and the command line.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -38,6 +54,11 @@ pub struct ServeOptions {
     pub profiles: Vec<ToolProfile>,
     /// Interval of `notifications/progress` while a run goes on.
     pub progress_interval: Duration,
+    /// Where each execution is recorded; `None` records nothing.
+    pub audit: Option<Arc<audit::AuditLog>>,
+    /// Transport and caller recorded when a request does not carry its own (stdio).
+    pub transport: &'static str,
+    pub caller: String,
 }
 
 impl Default for ServeOptions {
@@ -45,6 +66,9 @@ impl Default for ServeOptions {
         ServeOptions {
             profiles: Vec::new(),
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
+            audit: None,
+            transport: "stdio",
+            caller: "local".into(),
         }
     }
 }
@@ -56,11 +80,17 @@ pub async fn serve_stdio(engine: Arc<Engine>, opts: ServeOptions) -> anyhow::Res
     let server = GearboxServer::new(engine, opts);
     tracing::info!(tools = ?server.tool_names(), "serving MCP over stdio");
     let running = server
+        .clone()
         .serve(rmcp::transport::stdio_pipes())
         .await
         .context("starting the MCP session on stdio")?;
     let reason = running.waiting().await.context("serving MCP on stdio")?;
     tracing::info!(?reason, "MCP session over stdio ended");
+    if let Some(log) = server.audit()
+        && let Err(e) = log.flush().await
+    {
+        tracing::warn!(error = %e, "flushing the audit log");
+    }
     Ok(())
 }
 

@@ -19,8 +19,12 @@ use tokio::sync::OnceCell;
 
 use crate::ServeOptions;
 use crate::args::parse;
+use crate::audit::{self, AuditLog, Record};
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
 use crate::resources;
 use crate::tools::{self, Prepared, ToolKind};
+use crate::{Caller, TransportName};
 
 const INSTRUCTIONS: &str = "gearbox runs code in fresh, isolated sandboxes: no network, \
 a private workspace (/work) and /tmp, time and memory limits, nothing kept between calls. \
@@ -40,6 +44,67 @@ struct Inner {
     progress_interval: Duration,
     /// `Engine::languages(true)`, computed on first read of the environment.
     languages: OnceCell<Value>,
+    limiter: Arc<Limiter>,
+    metrics: Arc<Metrics>,
+    audit: Option<Arc<AuditLog>>,
+    /// Transport and caller when the request does not say (stdio).
+    transport: &'static str,
+    caller: String,
+}
+
+/// Who asked, over what, when: what the audit line and metrics need of one call.
+struct CallInfo {
+    caller: String,
+    transport: String,
+    tool: String,
+    arrived: Instant,
+}
+
+fn fill_request(r: &mut Record, req: &ExecRequest, backend: &str, hash_only: bool) {
+    r.language = Some(req.language.clone());
+    r.backend = Some(backend.to_string());
+    r.code_sha256 = Some(audit::sha256_hex(req.code.as_bytes()));
+    if !hash_only {
+        r.code = Some(req.code.clone());
+    }
+    r.code_bytes = req.code.len();
+    r.files = req.files.iter().map(|f| f.filename.clone()).collect();
+    r.entrypoint = req.entrypoint.clone();
+    r.stdin_bytes = req.stdin.len();
+    r.args = req.args.len();
+    r.env = req.env.keys().cloned().collect();
+}
+
+fn fill_outcome(r: &mut Record, o: &Outcome) {
+    r.status = o.status.to_string();
+    r.exit_code = o.exit_code;
+    r.signal = o.signal;
+    r.reason = o.reason.clone();
+    r.durations.run_ms = o.duration_ms;
+    r.durations.setup_us = o.usage.setup_us;
+    r.cpu_time_ms = o.usage.cpu_time_ms;
+    r.peak_memory_kb = o.usage.peak_memory_kb;
+    r.stdout_bytes = o.stdout.len();
+    r.stderr_bytes = o.stderr.len();
+    if r.language.is_none() && !o.language.is_empty() {
+        r.language = Some(o.language.clone());
+    }
+    if r.backend.is_none() {
+        r.backend = Some(o.backend.clone());
+    }
+}
+
+/// The `mcp_execution_errors_total` reason of an outcome that is not ok.
+fn error_reason(o: &Outcome) -> &'static str {
+    use gearbox_core::Status;
+    match o.status {
+        Status::Ok => "",
+        Status::Timeout => "timeout",
+        Status::Killed => "killed",
+        Status::Denied | Status::PendingApproval => "denied",
+        Status::Error if o.exit_code.is_some() || o.signal.is_some() => "program",
+        Status::Error => "sandbox",
+    }
 }
 
 impl GearboxServer {
@@ -54,6 +119,8 @@ impl GearboxServer {
         }
         profiles.dedup();
         let tools = tools::tools_for(&profiles);
+        let c = &engine.config().concurrency;
+        let limiter = Arc::new(Limiter::new(c.running(), c.max_queued));
         GearboxServer {
             inner: Arc::new(Inner {
                 engine,
@@ -61,8 +128,89 @@ impl GearboxServer {
                 tools,
                 progress_interval: opts.progress_interval.max(Duration::from_millis(50)),
                 languages: OnceCell::new(),
+                limiter,
+                metrics: Arc::new(Metrics::new()),
+                audit: opts.audit,
+                transport: opts.transport,
+                caller: opts.caller,
             }),
         }
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.inner.engine
+    }
+
+    /// The run budget every call of every transport shares.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.inner.limiter
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    pub fn audit(&self) -> Option<&Arc<AuditLog>> {
+        self.inner.audit.as_ref()
+    }
+
+    fn call_info(&self, tool: &str, ctx: &RequestContext<RoleServer>) -> CallInfo {
+        let parts = ctx.extensions.get::<axum::http::request::Parts>();
+        let caller = parts
+            .and_then(|p| p.extensions.get::<Caller>())
+            .map(|c| c.0.clone())
+            .or_else(|| ctx.extensions.get::<Caller>().map(|c| c.0.clone()))
+            .unwrap_or_else(|| self.inner.caller.clone());
+        let transport = parts
+            .and_then(|p| p.extensions.get::<TransportName>())
+            .or_else(|| ctx.extensions.get::<TransportName>())
+            .map_or(self.inner.transport, |t| t.0);
+        CallInfo {
+            caller,
+            transport: transport.to_string(),
+            tool: tool.to_string(),
+            arrived: Instant::now(),
+        }
+    }
+
+    /// Append `record`; false when the audit log is configured and the line did not reach
+    /// the disk.
+    async fn record(&self, mut record: Record, info: &CallInfo) -> bool {
+        record.durations.total_ms = info.arrived.elapsed().as_millis() as u64;
+        match &self.inner.audit {
+            Some(log) => log.write(&record).await.is_ok(),
+            None => true,
+        }
+    }
+
+    /// A call refused before anything ran: audit line and metrics.
+    async fn refused(
+        &self,
+        info: &CallInfo,
+        req: Option<&ExecRequest>,
+        o: &Outcome,
+        status: &str,
+        reason: &str,
+    ) {
+        let m = &self.inner.metrics;
+        let language = req.map_or(o.language.as_str(), |r| r.language.as_str());
+        m.request(
+            if language.is_empty() {
+                "unknown"
+            } else {
+                language
+            },
+            status,
+        );
+        m.error(reason);
+        let mut r = Record::new("refusal", &info.caller, &info.transport, &info.tool);
+        let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
+        if let Some(req) = req {
+            fill_request(&mut r, req, &o.backend, hash_only);
+        }
+        fill_outcome(&mut r, o);
+        r.status = status.to_string();
+        self.record(r, info).await;
     }
 
     /// Names of the tools this server exposes, in order.
@@ -150,6 +298,79 @@ impl GearboxServer {
         }
     }
 
+    /// The audit check, a run slot, the run, the audit line and the metrics. `None` when the
+    /// client cancelled.
+    async fn guarded_run(
+        &self,
+        req: ExecRequest,
+        backend: Option<BackendKind>,
+        info: &CallInfo,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Option<Outcome> {
+        let backend_name = backend
+            .unwrap_or(self.inner.engine.config().backend)
+            .to_string();
+        if let Some(log) = &self.inner.audit
+            && let Err(e) = log.ready().await
+        {
+            let o = Outcome::failed_to_start(
+                &req.language,
+                &backend_name,
+                format!("{e}; executions are refused until the audit log can be written"),
+            );
+            tracing::error!(error = %e, "refusing a run: audit log not writable");
+            self.refused(info, Some(&req), &o, "audit_unavailable", "audit")
+                .await;
+            return Some(o);
+        }
+        let slot = tokio::select! {
+            slot = self.inner.limiter.acquire() => slot,
+            () = ctx.ct.cancelled() => {
+                self.inner.metrics.error("cancelled");
+                return None;
+            }
+        };
+        let queued_ms = info.arrived.elapsed().as_millis() as u64;
+        let slot = match slot {
+            Ok(s) => s,
+            Err(refusal) => {
+                let o = Outcome::failed_to_start(&req.language, &backend_name, refusal.to_string());
+                self.refused(info, Some(&req), &o, "busy", "busy").await;
+                return Some(o);
+            }
+        };
+        let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
+        let mut record = Record::new("execution", &info.caller, &info.transport, &info.tool);
+        fill_request(&mut record, &req, &backend_name, hash_only);
+        record.durations.queued_ms = queued_ms;
+        let started = Instant::now();
+        let language = req.language.clone();
+        let outcome = self.run(req, backend, ctx).await;
+        drop(slot);
+        let m = &self.inner.metrics;
+        let Some(outcome) = outcome else {
+            m.request(&language, "cancelled");
+            m.error("cancelled");
+            record.status = "cancelled".into();
+            record.reason = Some("the client cancelled the call; its run was killed".into());
+            self.record(record, info).await;
+            return None;
+        };
+        m.request(&language, outcome.status.as_str());
+        m.duration(started.elapsed().as_secs_f64());
+        if let Some(us) = outcome.usage.setup_us {
+            m.setup(us as f64 / 1e6);
+        }
+        if !outcome.is_ok() {
+            m.error(error_reason(&outcome));
+        }
+        fill_outcome(&mut record, &outcome);
+        if !self.record(record, info).await {
+            m.error("audit");
+        }
+        Some(outcome)
+    }
+
     async fn call(
         &self,
         kind: ToolKind,
@@ -173,16 +394,24 @@ impl GearboxServer {
                 parse::<crate::args::NoArgs>(args).map(|_| tools::prepare_list_packages())
             }
         };
+        let info = self.call_info(&request.name, ctx);
         let outcome = match prepared {
             Err(message) => {
                 tracing::debug!(tool = %request.name, %message, "argument error");
+                let o = Outcome::denied("", engine.config().backend.as_str(), message.clone());
+                self.refused(&info, None, &o, "invalid_arguments", "arguments")
+                    .await;
                 return Ok(tools::argument_error(kind, engine, message));
             }
-            Ok(Prepared::Refused(outcome)) => outcome,
+            Ok(Prepared::Refused(outcome)) => {
+                self.refused(&info, None, &outcome, "denied", "denied")
+                    .await;
+                outcome
+            }
             Ok(Prepared::Run {
                 request: req,
                 backend,
-            }) => match self.run(req, backend, ctx).await {
+            }) => match self.guarded_run(req, backend, &info, ctx).await {
                 Some(o) => o,
                 None => {
                     return Err(McpError::internal_error(

@@ -36,6 +36,14 @@ struct Cli {
     /// Log filter (tracing syntax), e.g. `info` or `gearbox=debug`. Logs go to stderr.
     #[arg(long, global = true, env = "GEARBOX_LOG", default_value = "warn")]
     log: String,
+    /// Log format on stderr: `text` or `json` (one JSON object per line).
+    #[arg(
+        long,
+        global = true,
+        env = "GEARBOX_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -52,8 +60,8 @@ enum Command {
     },
     /// Print the JSON Schema of the configuration file.
     ConfigSchema,
-    /// Serve MCP over stdin and stdout. MCP clients start it as
-    /// `{"command": "gearbox", "args": ["serve"]}`.
+    /// Serve MCP over stdin and stdout (MCP clients start it as
+    /// `{"command": "gearbox", "args": ["serve"]}`), or over HTTP with `--http ADDR`.
     Serve(ServeArgs),
     /// Configuration file helpers.
     #[command(subcommand)]
@@ -66,6 +74,24 @@ struct ServeArgs {
     /// Replaces the configuration's `profiles`.
     #[arg(long = "profile")]
     profiles: Vec<ToolProfile>,
+    /// Serve over HTTP on ADDR instead of stdio: `127.0.0.1:8080`, `0.0.0.0` (port from
+    /// `PORT`, else 8080), `:8080`; alone, loopback. Streamable HTTP at `/mcp`, the
+    /// 2024-11-05 SSE transport at `/sse`, plus `/healthz`, `/readyz`, `/metrics`. API keys
+    /// come from GEARBOX_API_KEYS=name:key,... and `[http] api_keys_file`.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "")]
+    http: Option<String>,
+    /// Allow a non-loopback `--http` address without API keys.
+    #[arg(long, requires = "http")]
+    insecure_no_auth: bool,
+    /// Audit log file (one JSON line per execution); overrides `[audit] path`.
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -115,7 +141,7 @@ struct RunArgs {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(&cli.log);
+    init_tracing(&cli.log, cli.log_format);
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -125,13 +151,16 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(filter: &str) {
+fn init_tracing(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 fn load_config(path: Option<&Path>) -> Result<Config> {
@@ -149,7 +178,14 @@ fn engine(config: Config) -> Result<Engine> {
 fn dispatch(cli: Cli) -> Result<ExitCode> {
     let config = load_config(cli.config.as_deref())?;
     match cli.command {
-        Command::Run(args) => run(engine(config)?, args),
+        // A one-shot run cannot use a warm pool.
+        Command::Run(args) => run(
+            engine(Config {
+                pool: Default::default(),
+                ..config
+            })?,
+            args,
+        ),
         Command::Doctor { json } => doctor(engine(config)?, json),
         Command::ConfigSchema => {
             println!("{}", serde_json::to_string_pretty(&Config::json_schema())?);
@@ -161,17 +197,55 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
 }
 
 fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
-    let opts = gearbox_server::ServeOptions {
+    let rt = runtime()?;
+    let audit_path = args
+        .audit_log
+        .clone()
+        .or_else(|| engine.config().audit.path.clone())
+        .or_else(|| {
+            args.http
+                .is_some()
+                .then(gearbox_server::audit::default_path)
+        });
+    let audit = audit_path.map(|p| {
+        std::sync::Arc::new(gearbox_server::audit::AuditLog::open(
+            p,
+            &engine.config().audit,
+        ))
+    });
+    let mut opts = gearbox_server::ServeOptions {
         profiles: args.profiles,
+        audit,
         ..Default::default()
     };
-    let rt = runtime()?;
-    let result = rt.block_on(gearbox_server::serve_stdio(
-        std::sync::Arc::new(engine),
-        opts,
-    ));
+    let result = match &args.http {
+        None => rt.block_on(gearbox_server::serve_stdio(
+            std::sync::Arc::new(engine),
+            opts,
+        )),
+        Some(given) => {
+            let addr =
+                gearbox_server::http::resolve_addr(given, std::env::var("PORT").ok().as_deref())?;
+            let keys = gearbox_server::http::ApiKeys::load(
+                std::env::var(gearbox_server::http::auth::ENV_API_KEYS)
+                    .ok()
+                    .as_deref(),
+                engine.config().http.api_keys_file.as_deref(),
+            )
+            .map_err(anyhow::Error::msg)?;
+            opts.transport = "http";
+            opts.caller = "anonymous".into();
+            let server = gearbox_server::GearboxServer::new(std::sync::Arc::new(engine), opts);
+            rt.block_on(gearbox_server::http::run(
+                server,
+                addr,
+                keys,
+                args.insecure_no_auth,
+            ))
+        }
+    };
     // Runs of a client that left were cancelled; do not wait on stragglers.
-    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
     result?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,190 @@
+//! Prometheus metrics (the `prometheus-client` crate), served in text format at `/metrics`.
+//!
+//! Executions are counted by [`crate::GearboxServer`] whatever the transport; the HTTP layer
+//! only exposes them, plus its own request counter.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::limiter::Limiter;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    language: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    route: String,
+    code: String,
+}
+
+/// Every metric gearbox exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    errors: Family<ReasonLabels, Counter>,
+    duration: Histogram,
+    setup: Histogram,
+    queue_depth: Gauge,
+    in_flight: Gauge,
+    max_running: Gauge,
+    http: Family<HttpLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let errors = Family::<ReasonLabels, Counter>::default();
+        // 5 ms .. ~80 s
+        let duration = Histogram::new(exponential_buckets(0.005, 2.0, 15));
+        // 100 us .. ~1.6 s
+        let setup = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
+        let queue_depth = Gauge::default();
+        let in_flight = Gauge::default();
+        let max_running = Gauge::default();
+        let http = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "mcp_execution_requests",
+            "Tool calls that asked for a run, by language and outcome status",
+            requests.clone(),
+        );
+        registry.register(
+            "mcp_execution_duration_seconds",
+            "Wall-clock time of a call that ran, from slot to outcome, in seconds",
+            duration.clone(),
+        );
+        registry.register(
+            "mcp_execution_errors",
+            "Calls that did not end ok, by reason (busy, audit, cancelled, denied, timeout, \
+             killed, sandbox, program)",
+            errors.clone(),
+        );
+        registry.register(
+            "mcp_sandbox_setup_seconds",
+            "Time to build a sandbox before the program started, in seconds",
+            setup.clone(),
+        );
+        registry.register(
+            "mcp_execution_queue_depth",
+            "Calls waiting for a free run slot",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "mcp_execution_in_flight",
+            "Runs executing now",
+            in_flight.clone(),
+        );
+        registry.register(
+            "mcp_execution_slots",
+            "Runs that may execute at once",
+            max_running.clone(),
+        );
+        registry.register(
+            "gearbox_http_requests",
+            "HTTP requests answered, by route and status code",
+            http.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            errors,
+            duration,
+            setup,
+            queue_depth,
+            in_flight,
+            max_running,
+            http,
+        }
+    }
+
+    /// A call that asked for a run ended with `status` (`ok`, `error`, `busy`, ...).
+    pub fn request(&self, language: &str, status: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                language: language.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn error(&self, reason: &str) {
+        self.errors
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn duration(&self, seconds: f64) {
+        self.duration.observe(seconds);
+    }
+
+    pub fn setup(&self, seconds: f64) {
+        self.setup.observe(seconds);
+    }
+
+    pub fn http(&self, route: &str, code: u16) {
+        self.http
+            .get_or_create(&HttpLabels {
+                route: route.to_string(),
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// The text exposition, with the gauges read from `limiter` now.
+    pub fn encode(&self, limiter: &Limiter) -> String {
+        self.queue_depth.set(limiter.queued() as i64);
+        self.in_flight.set(limiter.running() as i64);
+        self.max_running.set(limiter.max_running() as i64);
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "encoding metrics");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_spec() {
+        let m = Metrics::new();
+        m.request("python", "ok");
+        m.error("busy");
+        m.duration(0.05);
+        m.setup(0.002);
+        let text = m.encode(&Limiter::new(2, 3));
+        for needle in [
+            "mcp_execution_requests_total{language=\"python\",status=\"ok\"} 1",
+            "mcp_execution_errors_total{reason=\"busy\"} 1",
+            "mcp_execution_duration_seconds_count 1",
+            "mcp_sandbox_setup_seconds_count 1",
+            "mcp_execution_queue_depth 0",
+            "mcp_execution_in_flight 0",
+            "mcp_execution_slots 2",
+        ] {
+            assert!(text.contains(needle), "{needle} missing in\n{text}");
+        }
+    }
+}
