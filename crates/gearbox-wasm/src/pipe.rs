@@ -51,6 +51,11 @@ impl CappedPipe {
         c.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
+    /// The kept bytes, as written.
+    pub(crate) fn take_bytes(&self) -> Vec<u8> {
+        std::mem::take(&mut self.lock().kept)
+    }
+
     /// What was kept, as text with the truncation marker of `gearbox_core::capture`.
     pub(crate) fn finish(&self) -> CappedOutput {
         let mut c = self.lock();

@@ -13,6 +13,8 @@
 //! - `--module`/`--script` force the kind; otherwise a `.mjs` NAME or source with a line
 //!   starting with `import`/`export` (or using `import.meta`) runs as an ES module, anything
 //!   else as a sloppy-mode script. Both allow top-level `await`.
+//! - `--prelude-bytecode HEX` gives prelude.js precompiled by `quickjs --emit-prelude` (the host
+//!   does this once per process); without it the prelude is parsed in every run.
 //! - The program's stdin is WASI stdin (read with `readStdin()`); ARGS become `scriptArgs[1..]`
 //!   and `process.argv[2..]`; WASI environment variables become `process.env`.
 //!
@@ -32,6 +34,7 @@ use std::rc::Rc;
 use rquickjs::context::EvalOptions;
 use rquickjs::function::Func;
 use rquickjs::loader::{FileResolver, ScriptLoader};
+use rquickjs::module::WriteOptions;
 use rquickjs::{Context, Ctx, Function, Module, Object, Persistent, Promise, Runtime, Value};
 
 const PRELUDE: &str = include_str!("prelude.js");
@@ -42,6 +45,8 @@ const EXIT_UNCAUGHT: i32 = 1;
 const EXIT_USAGE: i32 = 2;
 
 struct Args {
+    /// QuickJS bytecode of prelude.js (hex), made by `--emit-prelude` of this same module.
+    prelude: Option<Vec<u8>>,
     module: Option<bool>,
     code: Option<String>,
     name: String,
@@ -52,6 +57,7 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut module = None;
     let mut code = None;
+    let mut prelude = None;
     loop {
         let a = it
             .next()
@@ -60,14 +66,59 @@ fn parse_args() -> Result<Args, String> {
             "--module" => module = Some(true),
             "--script" => module = Some(false),
             "--eval" => code = Some(it.next().ok_or("--eval needs the code")?),
+            "--prelude-bytecode" => {
+                let hex = it.next().ok_or("--prelude-bytecode needs the bytes")?;
+                prelude = Some(from_hex(&hex).ok_or("--prelude-bytecode: bad hex")?);
+            }
+            "--emit-prelude" => exit(emit_prelude()),
             _ => {
                 return Ok(Args {
+                    prelude,
                     module,
                     code,
                     name: a,
                     rest: it.collect(),
                 });
             }
+        }
+    }
+}
+
+fn from_hex(s: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(*p.get(1)?)?))
+        .collect()
+}
+
+/// prelude.js as an ES module whose default export is the factory.
+fn prelude_module_source() -> String {
+    format!("export default {PRELUDE}")
+}
+
+/// Write prelude.js compiled to QuickJS bytecode, in hex, to stdout. The host does this once
+/// per process and passes the result to every run with `--prelude-bytecode`: loading bytecode
+/// costs far less than parsing the source again in every run.
+fn emit_prelude() -> i32 {
+    let result = (|| -> Result<Vec<u8>, String> {
+        let rt = Runtime::new().map_err(|e| e.to_string())?;
+        let ctx = Context::full(&rt).map_err(|e| e.to_string())?;
+        ctx.with(|ctx| {
+            let m = Module::declare(ctx.clone(), "gearbox:prelude", prelude_module_source())
+                .map_err(|e| e.to_string())?;
+            m.write(WriteOptions::default()).map_err(|e| e.to_string())
+        })
+    })();
+    match result {
+        Ok(bytes) => {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            write_fd(1, &hex);
+            0
+        }
+        Err(e) => {
+            eprintln!("quickjs: compiling the prelude: {e}");
+            EXIT_UNCAUGHT
         }
     }
 }
@@ -276,11 +327,25 @@ fn report<'js>(hooks: &Object<'js>, v: Value<'js>) -> String {
 
 /// Evaluate prelude.js and call it with the native functions; returns its hooks object.
 fn install_prelude<'js>(ctx: &Ctx<'js>, args: &Args) -> Result<Object<'js>, String> {
-    let mut opts = EvalOptions::default();
-    opts.filename = Some("gearbox:prelude".into());
-    let factory: Function = ctx
-        .eval_with_options(PRELUDE, opts)
-        .map_err(|e| format!("prelude: {e}"))?;
+    let factory: Function = match &args.prelude {
+        Some(bytes) => {
+            // The module keeps pointers into its bytecode (JS_READ_OBJ_ROM_DATA): leak it, the
+            // process ends with the run anyway.
+            let bytes: &'static [u8] = Box::leak(bytes.clone().into_boxed_slice());
+            // SAFETY: the bytes are bytecode this very module wrote with `--emit-prelude` (the
+            // host never passes anything else), and they live for the rest of the process.
+            let m = unsafe { Module::load(ctx.clone(), bytes) };
+            m.and_then(|m| m.eval())
+                .and_then(|(m, _)| m.get("default"))
+                .map_err(|e| format!("prelude bytecode: {e}"))?
+        }
+        None => {
+            let m = Module::declare(ctx.clone(), "gearbox:prelude", prelude_module_source());
+            m.and_then(|m| m.eval())
+                .and_then(|(m, _)| m.get("default"))
+                .map_err(|e| format!("prelude: {e}"))?
+        }
+    };
     let write = Func::from(|fd: i32, s: rquickjs::String<'_>| {
         if let Ok(s) = s.to_string() {
             write_fd(fd, &s);

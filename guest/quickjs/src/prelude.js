@@ -1,6 +1,7 @@
 // The JavaScript half of the guest: console, process, timers and error formatting, built on
-// three native functions that main.rs passes in. Evaluated once per run before user code; its
-// completion value is the object of hooks main.rs drives the run with.
+// native functions that main.rs passes in. main.rs loads it as an ES module (`export default` is
+// prepended) and calls the factory once per run before user code; the factory returns the
+// hooks main.rs drives the run with.
 (function (write, exit, readStdin, argv, env) {
   "use strict";
   const global = globalThis;
