@@ -31,3 +31,6 @@ fi
 echo "== end-to-end: official MCP Python SDK over stdio"
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 .venv/bin/python tests/e2e/mcp_client.py --gearbox "$target_dir/debug/gearbox"
+
+echo "== end-to-end: official MCP Python SDK over HTTP (Streamable HTTP and SSE)"
+.venv/bin/python tests/e2e/mcp_http_client.py --gearbox "$target_dir/debug/gearbox"
