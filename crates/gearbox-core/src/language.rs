@@ -44,6 +44,15 @@ pub struct LanguageSpec {
     /// Extra host paths mounted read-only at the same place inside the sandbox.
     #[serde(default)]
     pub mounts: Vec<PathBuf>,
+    /// Warm pool: command that starts the interpreter with a built-in launcher (`{launcher}`
+    /// is its path inside the sandbox) which waits for the program and runs it in-process.
+    /// Empty: pooled sandboxes of this language are pre-built up to the program's exec.
+    #[serde(default)]
+    pub launcher_command: Vec<String>,
+    /// Name of the built-in launcher script (`python`, `node`); required with
+    /// `launcher_command`.
+    #[serde(default)]
+    pub launcher: Option<String>,
 }
 
 /// A language whose interpreter was found on this host.
@@ -73,6 +82,24 @@ impl ResolvedLanguage {
             .collect();
         argv.extend(args.iter().cloned());
         argv
+    }
+
+    /// The launcher command line with `{launcher}` at `path`, when the language has one.
+    pub fn launcher_argv(&self, path: &str) -> Option<Vec<String>> {
+        if self.spec.launcher.is_none() || self.spec.launcher_command.is_empty() {
+            return None;
+        }
+        let interp = self.interpreter.to_string_lossy();
+        Some(
+            self.spec
+                .launcher_command
+                .iter()
+                .map(|a| {
+                    a.replace("{interpreter}", &interp)
+                        .replace("{launcher}", path)
+                })
+                .collect(),
+        )
     }
 
     /// Ask the interpreter for its version (first non-empty line of its output).

@@ -18,5 +18,5 @@ pub use language::{LanguageSpec, LanguageTable, ResolvedLanguage};
 pub use limits::{LimitOverrides, Limits};
 pub use names::{NameError, validate_relative_path};
 pub use outcome::{Outcome, ResourceUsage, Status};
-pub use request::{Encoding, ExecRequest, FileInput, Job, JobFile};
+pub use request::{Encoding, ExecRequest, FileInput, Job, JobFile, LAUNCHER_PATH};
 pub use sandbox::{BackendKind, BackendReport, RunFuture, Sandbox, SandboxError};

@@ -12,6 +12,9 @@ use crate::language::ResolvedLanguage;
 use crate::limits::{LimitOverrides, Limits};
 use crate::names::validate_relative_path;
 
+/// Where a warm sandbox's launcher script lives inside the sandbox.
+pub const LAUNCHER_PATH: &str = "/.gearbox/launcher";
+
 /// Most files one call may bring.
 pub const MAX_FILES: usize = 256;
 /// Most environment variables one call may set.
@@ -70,6 +73,12 @@ pub struct Job {
     pub language: String,
     /// Command line: the interpreter, its arguments, the entrypoint, the call's args.
     pub argv: Vec<String>,
+    /// The entrypoint (workspace-relative) followed by the call's args: what a warm launcher
+    /// receives as the program's argv.
+    pub program_argv: Vec<String>,
+    /// Name of the language's built-in launcher and its command (`{launcher}` unreplaced
+    /// path placeholder already substituted by the backend), for the warm pool.
+    pub launcher: Option<(String, Vec<String>)>,
     /// Environment of the language plus the call's; the backend adds PATH, HOME, TMPDIR and
     /// substitutes `{workspace}` and `{tmp}`. Nothing of the server's environment is here.
     pub env: BTreeMap<String, String>,
@@ -151,6 +160,14 @@ impl Job {
         Ok(Job {
             language: lang.name.clone(),
             argv: lang.argv(&entry, &req.args),
+            program_argv: std::iter::once(entry.clone())
+                .chain(req.args.iter().cloned())
+                .collect(),
+            launcher: lang
+                .spec
+                .launcher
+                .clone()
+                .zip(lang.launcher_argv(LAUNCHER_PATH)),
             env,
             files,
             stdin: req.stdin.clone(),

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use gearbox_core::{
     BackendKind, BackendReport, ExecRequest, Job, LanguageTable, Outcome, ResolvedLanguage, Sandbox,
 };
-use gearbox_sandbox::{LinuxSandbox, ProcessSandbox};
+use gearbox_sandbox::{LinuxSandbox, PoolStats, ProcessSandbox, WarmPool};
 use serde::Serialize;
 
 use crate::config::Config;
@@ -27,6 +27,8 @@ pub struct LanguageInfo {
 
 pub struct Engine {
     config: Config,
+    pool: Arc<WarmPool>,
+    pool_started: std::sync::Once,
     languages: LanguageTable,
     resolved: Mutex<HashMap<String, Result<ResolvedLanguage, String>>>,
     backends: HashMap<BackendKind, Arc<dyn Sandbox>>,
@@ -39,17 +41,53 @@ impl Engine {
         let mut languages = LanguageTable::builtin();
         languages.merge(config.languages.clone());
         let mut backends: HashMap<BackendKind, Arc<dyn Sandbox>> = HashMap::new();
-        backends.insert(
-            BackendKind::Linux,
-            Arc::new(LinuxSandbox::new(helper.clone())),
-        );
+        let linux = LinuxSandbox::new(helper.clone());
+        let pool = linux.pool();
+        backends.insert(BackendKind::Linux, Arc::new(linux));
         backends.insert(BackendKind::Process, Arc::new(ProcessSandbox::new(helper)));
-        Engine {
+        let engine = Engine {
             config,
+            pool,
+            pool_started: std::sync::Once::new(),
             languages,
             resolved: Mutex::new(HashMap::new()),
             backends,
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            engine.start_pool();
         }
+        engine
+    }
+
+    /// Fill the warm pool as configured (once; needs a tokio runtime, so it also happens on
+    /// the first execution of an engine built outside one).
+    fn start_pool(&self) {
+        self.pool_started.call_once(|| {
+            if self.config.backend != BackendKind::Linux {
+                return;
+            }
+            for (language, &count) in &self.config.pool {
+                if count == 0 {
+                    continue;
+                }
+                let template = ExecRequest {
+                    language: language.clone(),
+                    ..Default::default()
+                };
+                match self
+                    .resolve(language)
+                    .and_then(|r| Job::build(&template, &r, &self.config.limits))
+                {
+                    Ok(job) => self.pool.keep(job, count),
+                    Err(e) => tracing::warn!(%language, error = %e, "no warm pool"),
+                }
+            }
+        });
+    }
+
+    /// Warm pool counters per language.
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        self.pool.stats()
     }
 
     pub fn config(&self) -> &Config {
@@ -82,6 +120,7 @@ impl Engine {
     /// Run a request to completion. Every failure is an outcome: refusals are `denied`,
     /// a sandbox that could not start is `error` with the reason.
     pub async fn execute(&self, req: ExecRequest, backend: Option<BackendKind>) -> Outcome {
+        self.start_pool();
         let kind = backend.unwrap_or(self.config.backend);
         let lang = req.language.clone();
         let Some(sandbox) = self.backends.get(&kind).cloned() else {

@@ -3,8 +3,9 @@
 //! outcome.
 
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gearbox_core::{
@@ -13,7 +14,10 @@ use gearbox_core::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::wire::{JailReport, JailSpec, Mode, REPORT_FD, encode_header};
+use crate::pool::WarmPool;
+use crate::wire::{
+    HandOver, JailReport, JailSpec, Mode, Pooled, REPORT_FD, encode_handover, encode_header,
+};
 
 /// Time the helper may take beyond the run's own timeout (set-up and teardown) before the
 /// server kills it.
@@ -25,12 +29,19 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 /// The default backend: namespaces, a minimal root, seccomp, Landlock, cgroups.
 pub struct LinuxSandbox {
     helper: PathBuf,
+    pool: Arc<WarmPool>,
 }
 
 impl LinuxSandbox {
     /// `helper` is a binary whose `__jail` subcommand calls [`crate::jail_main`].
     pub fn new(helper: PathBuf) -> Self {
-        LinuxSandbox { helper }
+        let pool = WarmPool::new(helper.clone());
+        LinuxSandbox { helper, pool }
+    }
+
+    /// The warm pool of this backend (empty until [`WarmPool::keep`] is called).
+    pub fn pool(&self) -> Arc<WarmPool> {
+        Arc::clone(&self.pool)
     }
 }
 
@@ -39,10 +50,20 @@ impl Sandbox for LinuxSandbox {
         BackendKind::Linux
     }
     fn run(&self, job: Job) -> RunFuture<'_> {
-        Box::pin(run_helper(self.helper.clone(), Mode::Linux, job))
+        match self.pool.take(&job) {
+            Some(warm) => Box::pin(async move { run_warm(warm, job).await.map(|(o, _)| o) }),
+            None => Box::pin(run_helper(self.helper.clone(), Mode::Linux, job)),
+        }
     }
     fn probe(&self) -> BackendReport {
-        crate::probe::probe(&self.helper, Mode::Linux)
+        let mut report = crate::probe::probe(&self.helper, Mode::Linux);
+        for s in self.pool.stats() {
+            report.details.push(format!(
+                "warm pool {}: {} ready (target {}), {} hits, {} misses, last refill {:.1} ms",
+                s.language, s.ready, s.target, s.hits, s.misses, s.last_refill_ms
+            ));
+        }
+        report
     }
 }
 
@@ -69,30 +90,47 @@ impl Sandbox for ProcessSandbox {
     }
 }
 
-/// Run `job` through the helper and return its outcome plus the mechanisms it reported.
-pub(crate) async fn run_helper_report(
-    helper: PathBuf,
-    mode: Mode,
-    job: Job,
-) -> Result<(Outcome, Vec<String>), SandboxError> {
-    let spec = JailSpec {
+/// A started helper: its pipes, before the program's data has been written.
+pub(crate) struct Spawned {
+    pub child: tokio::process::Child,
+    pub stdin: tokio::process::ChildStdin,
+    pub stdout: tokio::process::ChildStdout,
+    pub stderr: tokio::process::ChildStderr,
+    pub report: tokio::net::unix::pipe::Receiver,
+}
+
+/// The helper's spec for `job` (files listed; their bytes follow the header).
+pub(crate) fn spec_for(mode: Mode, job: &Job, pooled: Option<Pooled>) -> JailSpec {
+    JailSpec {
         mode,
         argv: job.argv.clone(),
         env: job.env.clone(),
-        files: job
-            .files
-            .iter()
-            .map(|f| (f.path.clone(), f.content.len() as u64))
-            .collect(),
+        files: if pooled.is_some() {
+            vec![]
+        } else {
+            file_list(job)
+        },
         limits: job.limits,
         mounts: job.mounts.clone(),
         network: job.network,
         parent_pid: std::process::id() as i32,
-    };
-    let header = encode_header(&spec).map_err(|e| SandboxError::Protocol(e.to_string()))?;
+        pooled,
+    }
+}
+
+fn file_list(job: &Job) -> Vec<(String, u64)> {
+    job.files
+        .iter()
+        .map(|f| (f.path.clone(), f.content.len() as u64))
+        .collect()
+}
+
+/// Start the helper and send it `spec`.
+pub(crate) async fn spawn(helper: &Path, spec: &JailSpec) -> Result<Spawned, SandboxError> {
+    let header = encode_header(spec).map_err(|e| SandboxError::Protocol(e.to_string()))?;
     let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| SandboxError::Spawn(e.into()))?;
-    let mut cmd = tokio::process::Command::new(&helper);
+    let mut cmd = tokio::process::Command::new(helper);
     cmd.arg("__jail")
         .env_clear()
         .stdin(Stdio::piped())
@@ -117,20 +155,78 @@ pub(crate) async fn run_helper_report(
     else {
         return Err(SandboxError::Protocol("helper pipes missing".into()));
     };
-    let mut report_pipe =
+    let report =
         tokio::net::unix::pipe::Receiver::from_owned_fd(report_r).map_err(SandboxError::Spawn)?;
+    // A helper that fails early closes its stdin; its report then says why.
+    let _ = stdin.write_all(&header).await;
+    Ok(Spawned {
+        child,
+        stdin,
+        stdout,
+        stderr,
+        report,
+    })
+}
 
-    let files = job.files;
-    let program_stdin = job.stdin;
+/// Run `job` through a fresh helper and return its outcome plus the mechanisms it reported.
+pub(crate) async fn run_helper_report(
+    helper: PathBuf,
+    mode: Mode,
+    job: Job,
+) -> Result<(Outcome, Vec<String>), SandboxError> {
+    let sp = spawn(&helper, &spec_for(mode, &job, None)).await?;
+    let mut payload: Vec<Vec<u8>> = Vec::with_capacity(job.files.len() + 1);
+    let mut job = job;
+    for f in &mut job.files {
+        payload.push(std::mem::take(&mut f.content));
+    }
+    payload.push(std::mem::take(&mut job.stdin));
+    finish(sp, payload, &job, mode).await
+}
+
+/// Hand `job` to a warm sandbox.
+pub(crate) async fn run_warm(
+    sp: Spawned,
+    job: Job,
+) -> Result<(Outcome, Vec<String>), SandboxError> {
+    let handover = HandOver {
+        argv: job.argv.clone(),
+        program_argv: job.program_argv.clone(),
+        env: job.env.clone(),
+        files: file_list(&job),
+    };
+    let mut payload =
+        vec![encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?];
+    let mut job = job;
+    for f in &mut job.files {
+        payload.push(std::mem::take(&mut f.content));
+    }
+    payload.push(std::mem::take(&mut job.stdin));
+    finish(sp, payload, &job, Mode::Linux).await
+}
+
+/// Write `payload` to the helper, read the program's output while it runs, and build the
+/// outcome from the helper's report.
+async fn finish(
+    sp: Spawned,
+    payload: Vec<Vec<u8>>,
+    job: &Job,
+    mode: Mode,
+) -> Result<(Outcome, Vec<String>), SandboxError> {
+    let Spawned {
+        mut child,
+        mut stdin,
+        stdout,
+        stderr,
+        report: mut report_pipe,
+    } = sp;
     let writer = async move {
         // A helper that fails early closes its stdin; the write error is then expected and
         // the helper's report says why.
         let _ = async {
-            stdin.write_all(&header).await?;
-            for f in &files {
-                stdin.write_all(&f.content).await?;
+            for chunk in &payload {
+                stdin.write_all(chunk).await?;
             }
-            stdin.write_all(&program_stdin).await?;
             stdin.shutdown().await
         }
         .await;
@@ -172,9 +268,17 @@ pub(crate) async fn run_helper_report(
     })?;
     tracing::debug!(timings = ?report.timings, setup_us = report.setup_us, "sandbox helper report");
     if let Some(e) = report.error {
+        let mut message = e.message;
+        let stderr = err.text.trim();
+        if !stderr.is_empty() {
+            message.push_str(&format!(
+                "; stderr: {}",
+                stderr.chars().take(500).collect::<String>()
+            ));
+        }
         return Err(SandboxError::Setup {
             step: e.step,
-            message: e.message,
+            message,
         });
     }
     let (status, reason) = classify(&report, &job.limits);
@@ -193,7 +297,7 @@ pub(crate) async fn run_helper_report(
             setup_us: Some(report.setup_us),
         },
         reason,
-        language: job.language,
+        language: job.language.clone(),
         backend: match mode {
             Mode::Linux => "linux".into(),
             Mode::Process => "process".into(),

@@ -10,11 +10,13 @@
 
 mod backend;
 mod jail;
+mod pool;
 mod probe;
 pub mod wire;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};
 pub use jail::CgroupSupport;
+pub use pool::{PoolStats, WarmPool};
 
 /// Entry point of the `__jail` helper. Never returns.
 pub fn jail_main() -> ! {

@@ -18,6 +18,8 @@ pub fn probe(helper: &Path, mode: Mode) -> BackendReport {
     let job = Job {
         language: "probe".into(),
         argv: vec!["/bin/sh".into(), "probe.sh".into()],
+        program_argv: vec!["probe.sh".into()],
+        launcher: None,
         env: Default::default(),
         files: vec![JobFile {
             path: "probe.sh".into(),

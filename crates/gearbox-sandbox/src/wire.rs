@@ -44,6 +44,73 @@ pub struct JailSpec {
     pub network: bool,
     /// Pid of the server; the helper exits if its parent changes (server died).
     pub parent_pid: i32,
+    /// A warm sandbox: build everything, then wait on stdin for a [`HandOver`].
+    #[serde(default)]
+    pub pooled: Option<Pooled>,
+}
+
+/// How a warm sandbox waits for its program.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pooled {
+    /// Built-in launcher name and the command that starts it; `None`: the program is
+    /// exec'd at hand-over.
+    pub launcher: Option<(String, Vec<String>)>,
+}
+
+/// The program handed to a warm sandbox: written to the helper's stdin (read by init) as a
+/// little-endian `u32` length and JSON, then the files, then the program's stdin.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandOver {
+    pub argv: Vec<String>,
+    /// Entrypoint and args, for a launcher.
+    pub program_argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub files: Vec<(String, u64)>,
+}
+
+/// Encode a hand-over header.
+pub fn encode_handover(h: &HandOver) -> Result<Vec<u8>, serde_json::Error> {
+    let json = serde_json::to_vec(h)?;
+    let mut out = Vec::with_capacity(json.len() + 4);
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    Ok(out)
+}
+
+/// Read a hand-over and its files, reading no byte beyond them.
+pub fn read_handover<R: Read>(r: &mut R) -> Result<(HandOver, Vec<Vec<u8>>), String> {
+    let json = read_frame(r)?;
+    let h: HandOver =
+        serde_json::from_slice(&json).map_err(|e| format!("parsing hand-over: {e}"))?;
+    let files = read_files(r, &h.files)?;
+    Ok((h, files))
+}
+
+fn read_frame<R: Read>(r: &mut R) -> Result<Vec<u8>, String> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)
+        .map_err(|e| format!("reading length: {e}"))?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_SPEC_BYTES {
+        return Err(format!(
+            "header of {len} bytes is larger than {MAX_SPEC_BYTES}"
+        ));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf)
+        .map_err(|e| format!("reading header: {e}"))?;
+    Ok(buf)
+}
+
+fn read_files<R: Read>(r: &mut R, names: &[(String, u64)]) -> Result<Vec<Vec<u8>>, String> {
+    let mut files = Vec::with_capacity(names.len());
+    for (name, size) in names {
+        let mut content = vec![0u8; usize::try_from(*size).map_err(|e| e.to_string())?];
+        r.read_exact(&mut content)
+            .map_err(|e| format!("reading file {name}: {e}"))?;
+        files.push(content);
+    }
+    Ok(files)
 }
 
 /// A set-up step that failed, named like the step in the code.
@@ -85,25 +152,8 @@ pub fn encode_header(spec: &JailSpec) -> Result<Vec<u8>, serde_json::Error> {
 
 /// Read the header and the files from `r`, reading no byte beyond them.
 pub fn read_request<R: Read>(r: &mut R) -> Result<(JailSpec, Vec<Vec<u8>>), String> {
-    let mut len = [0u8; 4];
-    r.read_exact(&mut len)
-        .map_err(|e| format!("reading spec length: {e}"))?;
-    let len = u32::from_le_bytes(len);
-    if len > MAX_SPEC_BYTES {
-        return Err(format!(
-            "spec of {len} bytes is larger than {MAX_SPEC_BYTES}"
-        ));
-    }
-    let mut buf = vec![0u8; len as usize];
-    r.read_exact(&mut buf)
-        .map_err(|e| format!("reading spec: {e}"))?;
-    let spec: JailSpec = serde_json::from_slice(&buf).map_err(|e| format!("parsing spec: {e}"))?;
-    let mut files = Vec::with_capacity(spec.files.len());
-    for (name, size) in &spec.files {
-        let mut content = vec![0u8; usize::try_from(*size).map_err(|e| e.to_string())?];
-        r.read_exact(&mut content)
-            .map_err(|e| format!("reading file {name}: {e}"))?;
-        files.push(content);
-    }
+    let json = read_frame(r)?;
+    let spec: JailSpec = serde_json::from_slice(&json).map_err(|e| format!("parsing spec: {e}"))?;
+    let files = read_files(r, &spec.files)?;
     Ok((spec, files))
 }

@@ -5,11 +5,11 @@
 use std::os::fd::OwnedFd;
 
 use nix::sys::wait::{WaitPidFlag, waitpid};
-use nix::unistd::{ForkResult, Gid, Uid, fork};
+use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
 
 use super::linux::{GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg, SANDBOX_ID, split_status};
 use super::{mount, program};
-use crate::wire::{JailSpec, StepError};
+use crate::wire::{JailSpec, Pooled, StepError, read_handover};
 use seccompiler::BpfProgram;
 
 pub fn main(
@@ -53,56 +53,164 @@ pub fn main(
             },
         );
     }
+    let run = match &spec.pooled {
+        None => start_cold(spec, env, filters, have_cgroup, &st_w, t0),
+        Some(pool) => start_pooled(spec, pool, env, filters, have_cgroup, &st_w, t0),
+    };
+    let child = match run {
+        Ok(child) => child,
+        Err(e) => fail(&st_w, e),
+    };
+    let status = loop {
+        match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            Ok(s) if s.pid() == Some(child) => break s,
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => exit(1),
+        }
+    };
+    let (code, signal) = split_status(status);
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
+    let (cpu_time_ms, max_rss_kb) = usage
+        .map(|u| {
+            let tv = |t: nix::sys::time::TimeVal| {
+                (t.tv_sec() as u64) * 1000 + (t.tv_usec() as u64) / 1000
+            };
+            (tv(u.user_time()) + tv(u.system_time()), u.max_rss() as u64)
+        })
+        .unwrap_or((0, 0));
+    Msg::Exited {
+        code,
+        signal,
+        cpu_time_ms,
+        max_rss_kb,
+    }
+    .send(&st_w);
+    exit(0);
+}
+
+/// Fork the program and exec it; in the child this never returns.
+fn fork_program(
+    argv: &[String],
+    env: &[(String, String)],
+    limits: &gearbox_core::Limits,
+    filters: &[BpfProgram],
+    have_cgroup: bool,
+    st_w: &OwnedFd,
+    job_fd: Option<&OwnedFd>,
+) -> Result<Pid, StepError> {
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
     match unsafe { fork() } {
-        Err(e) => fail(
-            &st_w,
-            StepError {
-                step: "fork program".into(),
-                message: e.to_string(),
-            },
-        ),
+        Err(e) => Err(StepError {
+            step: "fork program".into(),
+            message: e.to_string(),
+        }),
         Ok(ForkResult::Child) => {
-            let err = program::exec(spec, env, filters, have_cgroup, &st_w);
+            let err = program::exec(argv, env, limits, filters, have_cgroup, st_w, job_fd);
             Msg::Failed {
                 step: err.step,
                 message: err.message,
             }
-            .send(&st_w);
+            .send(st_w);
             exit(127);
         }
-        Ok(ForkResult::Parent { child }) => {
+        Ok(ForkResult::Parent { child }) => Ok(child),
+    }
+}
+
+fn start_cold(
+    spec: &JailSpec,
+    env: &[(String, String)],
+    filters: &[BpfProgram],
+    have_cgroup: bool,
+    st_w: &OwnedFd,
+    t0: std::time::Instant,
+) -> Result<Pid, StepError> {
+    let child = fork_program(
+        &spec.argv,
+        env,
+        &spec.limits,
+        filters,
+        have_cgroup,
+        st_w,
+        None,
+    )?;
+    Msg::Started {
+        root_us: t0.elapsed().as_micros() as u64,
+    }
+    .send(st_w);
+    Ok(child)
+}
+
+/// A warm sandbox: everything is built (and the launcher, if the language has one, is
+/// started) before the request exists. Init then waits on fd 0 for the hand-over, writes the
+/// program's files, and hands the program over; the program's time starts there.
+fn start_pooled(
+    spec: &JailSpec,
+    pool: &Pooled,
+    env: &[(String, String)],
+    filters: &[BpfProgram],
+    have_cgroup: bool,
+    st_w: &OwnedFd,
+    t0: std::time::Instant,
+) -> Result<Pid, StepError> {
+    use super::Step;
+    let launcher = match &pool.launcher {
+        Some((_, argv)) => {
+            let (job_r, job_w) =
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create job pipe")?;
+            let child = fork_program(
+                argv,
+                env,
+                &spec.limits,
+                filters,
+                have_cgroup,
+                st_w,
+                Some(&job_r),
+            )?;
+            Some((child, job_w))
+        }
+        None => None,
+    };
+    Msg::Ready {
+        root_us: t0.elapsed().as_micros() as u64,
+    }
+    .send(st_w);
+    // SAFETY: fd 0 is the request pipe; ManuallyDrop keeps it open for the program.
+    let mut stdin = std::mem::ManuallyDrop::new(unsafe {
+        <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0)
+    });
+    let (handover, files) = read_handover(&mut *stdin).step("read hand-over")?;
+    let handed = std::time::Instant::now();
+    mount::write_files(std::path::Path::new("/work"), &handover.files, &files)?;
+    let env = super::program_env(&handover.env, "/work", "/tmp");
+    match launcher {
+        Some((child, job_w)) => {
+            let job = serde_json::json!({ "argv": handover.program_argv, "env": env.iter().cloned().collect::<std::collections::BTreeMap<_, _>>() });
             Msg::Started {
-                root_us: t0.elapsed().as_micros() as u64,
+                root_us: handed.elapsed().as_micros() as u64,
             }
-            .send(&st_w);
-            let status = loop {
-                match waitpid(None, Some(WaitPidFlag::__WALL)) {
-                    Ok(s) if s.pid() == Some(child) => break s,
-                    Ok(_) => continue,
-                    Err(nix::errno::Errno::EINTR) => continue,
-                    Err(_) => exit(1),
-                }
-            };
-            let (code, signal) = split_status(status);
-            let usage =
-                nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
-            let (cpu_time_ms, max_rss_kb) = usage
-                .map(|u| {
-                    let tv = |t: nix::sys::time::TimeVal| {
-                        (t.tv_sec() as u64) * 1000 + (t.tv_usec() as u64) / 1000
-                    };
-                    (tv(u.user_time()) + tv(u.system_time()), u.max_rss() as u64)
-                })
-                .unwrap_or((0, 0));
-            Msg::Exited {
-                code,
-                signal,
-                cpu_time_ms,
-                max_rss_kb,
+            .send(st_w);
+            let bytes = serde_json::to_vec(&job).step("encode job")?;
+            let mut f = std::fs::File::from(job_w);
+            std::io::Write::write_all(&mut f, &bytes).step("hand over to launcher")?;
+            Ok(child)
+        }
+        None => {
+            let child = fork_program(
+                &handover.argv,
+                &env,
+                &spec.limits,
+                filters,
+                have_cgroup,
+                st_w,
+                None,
+            )?;
+            Msg::Started {
+                root_us: handed.elapsed().as_micros() as u64,
             }
-            .send(&st_w);
-            exit(0);
+            .send(st_w);
+            Ok(child)
         }
     }
 }

@@ -79,6 +79,15 @@ fn run(start: Instant, report: &mut JailReport) -> Result<(), StepError> {
     }
 }
 
+/// The built-in warm-pool launchers, by name.
+pub(crate) fn launcher_script(name: &str) -> Option<&'static str> {
+    match name {
+        "python" => Some(include_str!("../launchers/python.py")),
+        "node" => Some(include_str!("../launchers/node.js")),
+        _ => None,
+    }
+}
+
 fn set_cloexec(fd: i32) -> std::io::Result<()> {
     // SAFETY: fcntl on an fd number has no memory-safety requirements.
     let r = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };

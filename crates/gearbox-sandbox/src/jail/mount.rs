@@ -11,7 +11,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::statvfs::{FsFlags, statvfs};
 
 use super::Step;
-use crate::wire::{JailSpec, StepError};
+use crate::wire::{JailSpec, Pooled, StepError};
 
 /// Where the new root is assembled, inside our private mount namespace only.
 const NEWROOT: &str = "/tmp";
@@ -64,7 +64,21 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     build_proc(root)?;
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;
-    write_files(&root.join("work"), spec, files)?;
+    write_files(&root.join("work"), &spec.files, files)?;
+    if let Some(Pooled {
+        launcher: Some((name, _)),
+    }) = &spec.pooled
+    {
+        let script = super::launcher_script(name).ok_or_else(|| StepError {
+            step: "write launcher".into(),
+            message: format!("no built-in launcher {name:?}"),
+        })?;
+        let path = inside(root, Path::new(gearbox_core::LAUNCHER_PATH));
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).step("create launcher directory")?;
+        }
+        fs::write(&path, script).step("write launcher")?;
+    }
 
     nix::unistd::chdir(root).step("enter new root")?;
     nix::unistd::pivot_root(".", ".").step("pivot_root")?;
@@ -298,8 +312,12 @@ fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
 
 /// Write the job's files under `work`. Names were validated by the server and the tmpfs is
 /// fresh, so no existing symlink can redirect a write; `create_new` makes sure of it.
-fn write_files(work: &Path, spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
-    for ((name, _), content) in spec.files.iter().zip(files) {
+pub fn write_files(
+    work: &Path,
+    names: &[(String, u64)],
+    files: &[Vec<u8>],
+) -> Result<(), StepError> {
+    for ((name, _), content) in names.iter().zip(files) {
         if name
             .split('/')
             .any(|c| c.is_empty() || c == "." || c == "..")

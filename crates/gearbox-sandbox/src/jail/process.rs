@@ -89,7 +89,7 @@ fn run_in(
         ForkResult::Child => {
             let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
             let _ = super::die_with_parent(0);
-            if apply_rlimits(spec, false).is_ok() && nix::unistd::chdir(&work).is_ok() {
+            if apply_rlimits(&spec.limits, false).is_ok() && nix::unistd::chdir(&work).is_ok() {
                 // SAFETY: only sets CLOEXEC flags on this process's fds.
                 unsafe {
                     libc::syscall(

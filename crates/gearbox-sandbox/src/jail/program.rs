@@ -9,17 +9,23 @@ use seccompiler::BpfProgram;
 
 use super::Step;
 use super::linux::Msg;
-use crate::wire::{JailSpec, StepError};
+use std::os::fd::AsRawFd;
+
+use gearbox_core::Limits;
+
+use crate::wire::StepError;
 
 /// Apply the program's own restrictions and exec it. Returns only on failure.
 pub fn exec(
-    spec: &JailSpec,
+    argv: &[String],
     env: &[(String, String)],
+    limits: &Limits,
     filters: &[BpfProgram],
     have_cgroup: bool,
     st_w: &OwnedFd,
+    job_fd: Option<&OwnedFd>,
 ) -> StepError {
-    match prepare_and_exec(spec, env, filters, have_cgroup, st_w) {
+    match prepare_and_exec(argv, env, limits, filters, have_cgroup, st_w, job_fd) {
         Ok(never) => match never {},
         Err(e) => e,
     }
@@ -28,13 +34,15 @@ pub fn exec(
 enum Never {}
 
 fn prepare_and_exec(
-    spec: &JailSpec,
+    argv_s: &[String],
     env: &[(String, String)],
+    limits: &Limits,
     filters: &[BpfProgram],
     have_cgroup: bool,
     st_w: &OwnedFd,
+    job_fd: Option<&OwnedFd>,
 ) -> Result<Never, StepError> {
-    let argv = cstrings(spec.argv.iter().map(String::as_str)).step("prepare argv")?;
+    let argv = cstrings(argv_s.iter().map(String::as_str)).step("prepare argv")?;
     let envp = cstrings(
         env.iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -50,7 +58,7 @@ fn prepare_and_exec(
         });
     };
     nix::unistd::setsid().step("new session")?;
-    apply_rlimits(spec, have_cgroup)?;
+    apply_rlimits(limits, have_cgroup)?;
     nix::unistd::chdir("/work").step("enter workspace")?;
     drop_capabilities().step("drop capabilities")?;
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes integers only.
@@ -67,12 +75,22 @@ fn prepare_and_exec(
         mechanisms: applied,
     }
     .send(st_w);
-    // Every inherited fd above stderr closes at exec.
+    // A launcher reads its program from fd 3; every other inherited fd above stderr closes
+    // at exec.
+    let mut first_closed = 3u32;
+    if let Some(fd) = job_fd {
+        // SAFETY: dup2 onto fd 3 of this process, then clear CLOEXEC on it (dup2 onto the
+        // same number is a no-op that keeps the flag).
+        if unsafe { libc::dup2(fd.as_raw_fd(), 3) < 0 || libc::fcntl(3, libc::F_SETFD, 0) < 0 } {
+            return Err(std::io::Error::last_os_error()).step("pass job pipe");
+        }
+        first_closed = 4;
+    }
     // SAFETY: close_range with CLOEXEC only sets flags on fds of this process.
     unsafe {
         libc::syscall(
             libc::SYS_close_range,
-            3u32,
+            first_closed,
             u32::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         )
@@ -82,7 +100,7 @@ fn prepare_and_exec(
         step: "execve".into(),
         message: format!(
             "{}: {}",
-            spec.argv[0],
+            argv_s[0],
             err.map(|e| e.desc()).unwrap_or("failed")
         ),
     })
@@ -92,8 +110,7 @@ fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, st
     items.map(CString::new).collect()
 }
 
-pub fn apply_rlimits(spec: &JailSpec, have_cgroup: bool) -> Result<(), StepError> {
-    let l = &spec.limits;
+pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
     let mib = 1024 * 1024;
     let cpu_s = l.effective_cpu_ms().div_ceil(1000).max(1);
     let set = |r: Resource, soft: u64, hard: u64, what: &str| setrlimit(r, soft, hard).step(what);

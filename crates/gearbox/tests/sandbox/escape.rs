@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use gearbox_core::{LimitOverrides, Status};
 
-use crate::support::{gearbox_bin, host_processes_with, is_root, run};
+use crate::support::{gearbox_bin, is_root, run};
 
 /// A file the test plants on the host; the sandbox must not see it.
 struct Planted {
@@ -225,8 +225,9 @@ async fn setsid_and_double_fork_do_not_outlive_the_run() {
         } else {
             assert_eq!(o.status, Status::Ok, "{o:?}");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let survivors = host_processes_with(&format!("sleep {marker}"));
+        let survivors =
+            crate::support::survivors_after(&format!("sleep {marker}"), Duration::from_secs(3))
+                .await;
         assert!(survivors.is_empty(), "survivors: {survivors:?}");
     }
 }
@@ -371,9 +372,11 @@ async fn write_escape_through_a_symlink_in_the_workspace_stays_inside() {
 async fn dropping_a_run_kills_its_sandbox() {
     // What a cancelled MCP call or a vanished client does: the future is dropped mid-run.
     let marker = "sleep 41.2718";
-    let fut = run("bash", &format!("( {marker} & ); {marker}")).timeout_ms(20_000).go();
-    assert!(tokio::time::timeout(Duration::from_millis(1500), fut).await.is_err());
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let survivors = host_processes_with(marker);
+    let r = run("bash", &format!("( {marker} & ); {marker}")).timeout_ms(20_000);
+    let task = crate::support::runtime().spawn(crate::support::engine().execute(r.req, r.backend));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!task.is_finished());
+    task.abort();
+    let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");
 }

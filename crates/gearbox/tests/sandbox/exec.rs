@@ -323,3 +323,69 @@ async fn cgroups_are_used_when_root() {
         o.stdout
     );
 }
+
+#[tokio::test]
+async fn warm_pool_serves_identical_runs_once_each() {
+    use gearbox_engine::{Config, Engine};
+    let rt = crate::support::runtime();
+    let engine = {
+        let _g = rt.enter();
+        let mut config = Config::default();
+        config.pool = [("python".to_string(), 1), ("bash".to_string(), 1)]
+            .into_iter()
+            .collect();
+        std::sync::Arc::new(Engine::new(config, crate::support::gearbox_bin()))
+    };
+    let go = |r: crate::support::Run| {
+        let e = std::sync::Arc::clone(&engine);
+        async move {
+            rt.spawn(async move { e.execute(r.req, r.backend).await })
+                .await
+                .expect("task")
+        }
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let code = "import sys, os\nprint(sys.argv, os.getcwd(), __name__, sys.stdin.read())\nopen('state', 'a').write('x')\nprint(len(open('state').read()))";
+    for _ in 0..3 {
+        let o = go(run("python", code).args(&["a", "b"]).stdin("in")).await;
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        // A fresh workspace every time: no state survives between runs.
+        assert_eq!(
+            o.stdout, "['main.py', 'a', 'b'] /work __main__ in\n1\n",
+            "{o:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let o = go(run("python", "import sys\nsys.exit(4)")).await;
+    assert_eq!(o.exit_code, Some(4));
+    let o = go(run("python", "def f():\n    raise KeyError('k')\nf()")).await;
+    assert_eq!(o.status, Status::Error);
+    assert!(
+        o.stderr
+            .starts_with("Traceback (most recent call last):\n  File \"/work/main.py\""),
+        "{}",
+        o.stderr
+    );
+    assert!(!o.stderr.contains("launcher"), "{}", o.stderr);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The deadline counts from hand-over, not from when the sandbox was built.
+    let o = go(run(
+        "python",
+        "import time\nprint('t', flush=True)\ntime.sleep(5)",
+    ))
+    .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    let o = go(run("bash", "echo \"$0 $1 $(pwd)\"").args(&["x"])).await;
+    assert_eq!(o.stdout, "main.sh x /work\n", "{o:?}");
+    let stats = engine.pool_stats();
+    let py = stats
+        .iter()
+        .find(|s| s.language == "python")
+        .expect("python pool");
+    assert!(py.hits >= 4, "{stats:?}");
+    let sh = stats
+        .iter()
+        .find(|s| s.language == "bash")
+        .expect("bash pool");
+    assert!(sh.hits >= 1, "{stats:?}");
+}

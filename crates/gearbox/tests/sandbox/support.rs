@@ -14,9 +14,32 @@ pub fn gearbox_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gearbox")))
 }
 
+/// One runtime for every sandbox run of this binary: warm sandboxes hold pipes registered
+/// with the runtime that started them, which must outlive the individual tests.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("test runtime")
+    })
+}
+
+/// The engine under test. With `GEARBOX_TEST_POOL=1` it keeps warm sandboxes (the default
+/// pool), so every run with default limits goes through a pooled sandbox: the suite's
+/// second dimension.
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| Engine::new(Config::default(), gearbox_bin()))
+    ENGINE.get_or_init(|| {
+        let mut config = Config::default();
+        if std::env::var_os("GEARBOX_TEST_POOL").is_none() {
+            config.pool.clear();
+        }
+        let _guard = runtime().enter();
+        Engine::new(config, gearbox_bin())
+    })
 }
 
 pub fn is_root() -> bool {
@@ -78,7 +101,10 @@ impl Run {
         self
     }
     pub async fn go(self) -> Outcome {
-        engine().execute(self.req, self.backend).await
+        runtime()
+            .spawn(engine().execute(self.req, self.backend))
+            .await
+            .expect("run task")
     }
 }
 
@@ -101,4 +127,17 @@ pub fn host_processes_with(needle: &str) -> Vec<String> {
         }
     }
     found
+}
+
+/// Host processes matching `needle` still alive after `grace` (teardown of a killed pid
+/// namespace takes a moment).
+pub async fn survivors_after(needle: &str, grace: std::time::Duration) -> Vec<String> {
+    let until = std::time::Instant::now() + grace;
+    loop {
+        let found = host_processes_with(needle);
+        if found.is_empty() || std::time::Instant::now() >= until {
+            return found;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

@@ -1,0 +1,196 @@
+//! The warm pool: sandboxes built before the request arrives, each used once.
+//!
+//! A warm sandbox is a helper whose init has built the whole sandbox — namespaces, root,
+//! cgroup, seccomp, Landlock, rlimits — and, for languages with a launcher, already started
+//! the interpreter, which waits on a pipe for its program. A run takes one, hands the program
+//! over, and the pool starts a replacement in the background. Nothing is ever reused: a
+//! sandbox serves exactly one run and is destroyed with it.
+//!
+//! Only jobs whose sandbox is identical to the pool's template are served warm (same
+//! language, environment, limits, mounts, no network); any other job starts cold.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use gearbox_core::Job;
+use serde::Serialize;
+
+use crate::backend::{Spawned, spawn, spec_for};
+use crate::wire::{Mode, Pooled};
+
+/// Most warm sandboxes one key may hold, whatever the demand.
+pub const MAX_PER_KEY: usize = 8;
+
+/// What identifies interchangeable sandboxes.
+fn key(job: &Job) -> Option<String> {
+    if job.network {
+        return None;
+    }
+    serde_json::to_string(&(
+        &job.language,
+        &job.env,
+        &job.limits,
+        &job.mounts,
+        &job.launcher,
+    ))
+    .ok()
+}
+
+struct Slot {
+    template: Job,
+    min: usize,
+    target: usize,
+    ready: VecDeque<Spawned>,
+    filling: usize,
+    hits: u64,
+    misses: u64,
+    last_refill_ms: f64,
+}
+
+/// Counters per language, for `doctor` and metrics.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolStats {
+    pub language: String,
+    pub ready: usize,
+    pub target: usize,
+    pub hits: u64,
+    pub misses: u64,
+    /// Time to build the last replacement sandbox, in ms.
+    pub last_refill_ms: f64,
+}
+
+pub struct WarmPool {
+    helper: PathBuf,
+    slots: Mutex<HashMap<String, Slot>>,
+    spawned: AtomicU64,
+}
+
+impl WarmPool {
+    pub fn new(helper: PathBuf) -> Arc<WarmPool> {
+        Arc::new(WarmPool {
+            helper,
+            slots: Mutex::new(HashMap::new()),
+            spawned: AtomicU64::new(0),
+        })
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep at least `min` warm sandboxes like `template`. Must run inside a tokio runtime.
+    pub fn keep(self: &Arc<Self>, template: Job, min: usize) {
+        let Some(k) = key(&template) else { return };
+        let min = min.min(MAX_PER_KEY);
+        self.slots().insert(
+            k.clone(),
+            Slot {
+                template,
+                min,
+                target: min,
+                ready: VecDeque::new(),
+                filling: 0,
+                hits: 0,
+                misses: 0,
+                last_refill_ms: 0.0,
+            },
+        );
+        self.top_up(&k);
+    }
+
+    /// A warm sandbox for `job`, if one is ready.
+    pub(crate) fn take(self: &Arc<Self>, job: &Job) -> Option<Spawned> {
+        let k = key(job)?;
+        let taken = {
+            let mut slots = self.slots();
+            let slot = slots.get_mut(&k)?;
+            let mut taken = None;
+            while let Some(mut sp) = slot.ready.pop_front() {
+                // A sandbox whose helper died (killed, or failed to build) is dropped.
+                if matches!(sp.child.try_wait(), Ok(None)) {
+                    taken = Some(sp);
+                    break;
+                }
+            }
+            match &taken {
+                Some(_) => slot.hits += 1,
+                None => {
+                    // Demand outran the pool: keep one more next time, up to the cap.
+                    slot.misses += 1;
+                    slot.target = (slot.target + 1).min(MAX_PER_KEY);
+                }
+            }
+            taken
+        };
+        self.top_up(&k);
+        taken
+    }
+
+    /// Start replacements until ready + filling reaches the target.
+    fn top_up(self: &Arc<Self>, k: &str) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (template, n) = {
+            let mut slots = self.slots();
+            let Some(slot) = slots.get_mut(k) else { return };
+            let have = slot.ready.len() + slot.filling;
+            let n = slot.target.saturating_sub(have);
+            slot.filling += n;
+            (slot.template.clone(), n)
+        };
+        for _ in 0..n {
+            let pool = Arc::clone(self);
+            let k = k.to_string();
+            let template = template.clone();
+            rt.spawn(async move {
+                let t = Instant::now();
+                let pooled = Pooled {
+                    launcher: template.launcher.clone(),
+                };
+                let spec = spec_for(Mode::Linux, &template, Some(pooled));
+                let built = spawn(&pool.helper, &spec).await;
+                pool.spawned.fetch_add(1, Ordering::Relaxed);
+                let mut slots = pool.slots();
+                if let Some(slot) = slots.get_mut(&k) {
+                    slot.filling = slot.filling.saturating_sub(1);
+                    slot.last_refill_ms = t.elapsed().as_secs_f64() * 1000.0;
+                    match built {
+                        Ok(sp) => slot.ready.push_back(sp),
+                        Err(e) => tracing::warn!(error = %e, "warm sandbox failed to start"),
+                    }
+                }
+            });
+        }
+    }
+
+    /// Let the target drift back to the configured minimum (call when idle).
+    pub fn shrink(&self) {
+        for slot in self.slots().values_mut() {
+            slot.target = slot.min;
+            while slot.ready.len() > slot.target {
+                slot.ready.pop_back();
+            }
+        }
+    }
+
+    pub fn stats(&self) -> Vec<PoolStats> {
+        let mut v: Vec<PoolStats> = self
+            .slots()
+            .values()
+            .map(|s| PoolStats {
+                language: s.template.language.clone(),
+                ready: s.ready.len(),
+                target: s.target,
+                hits: s.hits,
+                misses: s.misses,
+                last_refill_ms: s.last_refill_ms,
+            })
+            .collect();
+        v.sort_by(|a, b| a.language.cmp(&b.language));
+        v
+    }
+}
