@@ -12,6 +12,9 @@ export CARGO_TERM_COLOR=never
 
 GEARBOX_SKIP_BUILD=1 bash scripts/setup.sh
 
+echo "== the committed QuickJS guest is reproducible from guest/"
+bash scripts/build-guest.sh --check
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -45,6 +45,10 @@ impl Engine {
         let pool = linux.pool();
         backends.insert(BackendKind::Linux, Arc::new(linux));
         backends.insert(BackendKind::Process, Arc::new(ProcessSandbox::new(helper)));
+        backends.insert(
+            BackendKind::Wasm,
+            Arc::new(crate::lazy::LazyWasm::default()),
+        );
         let engine = Engine {
             config,
             pool,

@@ -7,6 +7,7 @@
 
 pub mod config;
 mod engine;
+mod lazy;
 
 pub use config::{Config, ConfigError};
 pub use engine::{Engine, LanguageInfo};

@@ -348,6 +348,13 @@ impl Inner {
         let setup = Instant::now();
         let lang = job.language.as_str();
         let backend = BackendKind::Wasm.as_str();
+        if lang != "javascript" {
+            return Outcome::denied(
+                lang,
+                backend,
+                format!("the wasm backend runs javascript only, not {lang}; use the linux backend"),
+            );
+        }
         let Some(entry) = job.files.first() else {
             return Outcome::failed_to_start(lang, backend, "no program given");
         };

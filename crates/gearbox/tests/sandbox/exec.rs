@@ -389,3 +389,17 @@ async fn warm_pool_serves_identical_runs_once_each() {
         .expect("bash pool");
     assert!(sh.hits >= 1, "{stats:?}");
 }
+
+#[tokio::test]
+async fn wasm_backend_runs_javascript_and_refuses_other_languages() {
+    let o = run("javascript", "console.log([1, 2, 3].map(x => x * 2).join(','))")
+        .backend(BackendKind::Wasm)
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.backend, "wasm");
+    assert_eq!(o.stdout, "2,4,6\n");
+    let o = run("python", "print(1)").backend(BackendKind::Wasm).go().await;
+    assert_eq!(o.status, Status::Denied, "{o:?}");
+    assert!(o.reason.as_deref().unwrap_or("").contains("javascript only"));
+}
