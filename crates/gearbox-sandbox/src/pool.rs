@@ -23,6 +23,8 @@ use crate::wire::{Mode, Pooled};
 
 /// Most warm sandboxes one key may hold, whatever the demand.
 pub const MAX_PER_KEY: usize = 8;
+/// A pool grown by misses shrinks back by one per hit once no miss happened for this long.
+pub const IDLE_SHRINK: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What identifies interchangeable sandboxes.
 fn key(job: &Job) -> Option<String> {
@@ -48,6 +50,7 @@ struct Slot {
     hits: u64,
     misses: u64,
     last_refill_ms: f64,
+    last_miss: Option<Instant>,
 }
 
 /// Counters per language, for `doctor` and metrics.
@@ -96,6 +99,7 @@ impl WarmPool {
                 hits: 0,
                 misses: 0,
                 last_refill_ms: 0.0,
+                last_miss: None,
             },
         );
         self.top_up(&k);
@@ -116,10 +120,19 @@ impl WarmPool {
                 }
             }
             match &taken {
-                Some(_) => slot.hits += 1,
+                Some(_) => {
+                    slot.hits += 1;
+                    // Demand fell: drift back towards the configured minimum.
+                    if slot.target > slot.min
+                        && slot.last_miss.is_none_or(|t| t.elapsed() > IDLE_SHRINK)
+                    {
+                        slot.target -= 1;
+                    }
+                }
                 None => {
                     // Demand outran the pool: keep one more next time, up to the cap.
                     slot.misses += 1;
+                    slot.last_miss = Some(Instant::now());
                     slot.target = (slot.target + 1).min(MAX_PER_KEY);
                 }
             }
@@ -164,16 +177,6 @@ impl WarmPool {
                     }
                 }
             });
-        }
-    }
-
-    /// Let the target drift back to the configured minimum (call when idle).
-    pub fn shrink(&self) {
-        for slot in self.slots().values_mut() {
-            slot.target = slot.min;
-            while slot.ready.len() > slot.target {
-                slot.ready.pop_back();
-            }
         }
     }
 
