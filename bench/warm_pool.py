@@ -90,9 +90,13 @@ class Rpc:
         self.p.wait(timeout=15)
 
 
+GAP_S = 0.0
+
+
 def timed(fn, n):
     out = []
     for _ in range(n):
+        time.sleep(GAP_S)
         t = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t) * 1000)
@@ -122,7 +126,11 @@ def main():
     ap.add_argument("--gearbox", default=str(ROOT / "target" / "release" / "gearbox"))
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--gap-ms", type=float, default=0,
+                    help="idle time between sequential calls (an agent's think time); the pool refills in it")
     a = ap.parse_args()
+    global GAP_S
+    GAP_S = a.gap_ms / 1000
     tmp = tempfile.mkdtemp(prefix="gearbox-bench-")
     cold_cfg = Path(tmp) / "cold.toml"
     cold_cfg.write_text("pool = {}\n")
@@ -146,12 +154,12 @@ def main():
             "MCP warm": timed(lambda: warm.run(lang, code), a.n),
         }
         rows.append((lang, res))
-        for conc in (1, 2, 4, 8):
+        for conc in ((1, 2, 4, 8) if a.seconds > 0 else ()):
             tput.append((lang, conc, throughput(run_bare, conc, a.seconds),
                          throughput(lambda: warm.run(lang, code), conc, a.seconds)))
     cold.close()
     warm.close()
-    print(f"sequential latency, ms (n={a.n}; gearbox run n={max(50, a.n // 4)})")
+    print(f"sequential latency, ms (n={a.n}; gearbox run n={max(50, a.n // 4)}; {a.gap_ms:.0f} ms idle between calls)")
     print(f"{'language':<11} {'path':<20} {'median':>8} {'p90':>8} {'p99':>8} {'vs bare':>8}")
     for lang, res in rows:
         base = statistics.median(res["bare"])

@@ -22,7 +22,7 @@ use crate::wire::{
 /// Time the helper may take beyond the run's own timeout (set-up and teardown) before the
 /// server kills it.
 const HELPER_GRACE: Duration = Duration::from_secs(30);
-/// How long output is still read after the helper exited (process mode: an escaped
+/// How long output is still read after the helper reported (process mode: an escaped
 /// descendant may hold the pipes).
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
@@ -239,22 +239,26 @@ async fn finish(
     let cap = job.limits.output_bytes;
     let out_reader = read_capped_until(stdout, cap, stop(exited_rx.clone()));
     let err_reader = read_capped_until(stderr, cap, stop(exited_rx));
+    // The helper closes the report pipe once it has written the report (or when it dies):
+    // from then on the output readers only drain what is left.
     let report_reader = async move {
         let mut buf = Vec::new();
         let _ = report_pipe.read_to_end(&mut buf).await;
-        buf
-    };
-    let waiter = async {
-        let status = child.wait().await;
         let _ = exited_tx.send(true);
-        status
+        buf
     };
     let backstop = Duration::from_millis(job.limits.timeout_ms) + HELPER_GRACE;
     let joined = tokio::time::timeout(backstop, async {
-        tokio::join!(writer, out_reader, err_reader, report_reader, waiter)
+        tokio::join!(writer, out_reader, err_reader, report_reader)
     })
     .await;
-    let Ok(((), out, err, report_bytes, _status)) = joined else {
+    if joined.is_ok() {
+        // The helper may still be removing the run's cgroup: reap it in the background.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+    }
+    let Ok(((), out, err, report_bytes)) = joined else {
         return Err(SandboxError::Protocol(format!(
             "helper did not finish within {} ms; killed",
             backstop.as_millis()

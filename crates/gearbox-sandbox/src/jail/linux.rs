@@ -172,14 +172,14 @@ pub fn run(
     if let Some(cg) = &cgroup {
         cg.kill_all();
         report.oom_killed = cg.oom_killed();
-        report.peak_memory_kb = cg.peak_memory_kb();
+        if let Some(kb) = cg.peak_memory_kb() {
+            report.peak_memory_kb = Some(kb);
+        }
         if let Some(ms) = cg.cpu_time_ms() {
             report.cpu_time_ms = Some(ms);
         }
     }
     mark(report, "reaped");
-    drop(cgroup);
-    mark(report, "cgroup removed");
     if let Some(e) = watch.failed {
         return Err(e);
     }
@@ -189,6 +189,10 @@ pub fn run(
             message: format!("init ended without a report ({init_status:?})"),
         });
     }
+    // The caller has all it needs: answer first, then remove the cgroup (rmdir of a memory
+    // cgroup can take milliseconds).
+    super::send_report(report);
+    drop(cgroup);
     Ok(())
 }
 

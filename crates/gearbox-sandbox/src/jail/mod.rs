@@ -27,6 +27,7 @@ use std::fs::File;
 use std::io::Write;
 use std::mem::ManuallyDrop;
 use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub use cgroup::CgroupSupport;
@@ -55,14 +56,25 @@ pub fn main() -> ! {
     if let Err(e) = run(start, &mut report) {
         report.error = Some(e);
     }
+    let ok = send_report(&report) || REPORT_SENT.load(Ordering::Relaxed);
+    std::process::exit(if ok { 0 } else { 1 })
+}
+
+static REPORT_SENT: AtomicBool = AtomicBool::new(false);
+
+/// Write the report to fd 3 and close it, once: the server answers as soon as it has the
+/// report and the program's output, while the helper goes on cleaning up.
+pub(crate) fn send_report(report: &JailReport) -> bool {
+    if REPORT_SENT.swap(true, Ordering::Relaxed) {
+        return false;
+    }
     // SAFETY: fd 3 is the report pipe the server installed before exec; it is owned by this
-    // process and used nowhere else.
+    // process, used nowhere else, and closed when `out` drops.
     let mut out = unsafe { File::from_raw_fd(REPORT_FD) };
-    let ok = serde_json::to_vec(&report)
+    serde_json::to_vec(report)
         .ok()
         .and_then(|json| out.write_all(&json).ok())
-        .is_some();
-    std::process::exit(if ok { 0 } else { 1 })
+        .is_some()
 }
 
 fn run(start: Instant, report: &mut JailReport) -> Result<(), StepError> {

@@ -25,6 +25,9 @@ pub fn run(
 ) -> Result<(), StepError> {
     let dir = nix::unistd::mkdtemp("/tmp/gearbox-run-XXXXXX").step("create workspace")?;
     let result = run_in(spec, &files, &dir, start, report);
+    if result.is_ok() {
+        super::send_report(report);
+    }
     let _ = fs::remove_dir_all(&dir);
     result
 }
