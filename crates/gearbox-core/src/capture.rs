@@ -68,10 +68,10 @@ pub fn finish(mut kept: Vec<u8>, total: u64) -> CappedOutput {
     let truncated = total > kept.len() as u64;
     if truncated {
         // Do not leave half a character at the cut.
-        if let Err(e) = std::str::from_utf8(&kept) {
-            if e.error_len().is_none() {
-                kept.truncate(e.valid_up_to());
-            }
+        if let Err(e) = std::str::from_utf8(&kept)
+            && e.error_len().is_none()
+        {
+            kept.truncate(e.valid_up_to());
         }
     }
     let mut text = String::from_utf8_lossy(&kept).into_owned();

@@ -454,7 +454,7 @@ fn parse_duration_ms(s: &str) -> Result<u64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{s:?} is not a duration like 2s or 500ms"))?;
-    if !(v > 0.0) {
+    if v.is_nan() || v <= 0.0 {
         return Err(format!("{s:?} must be positive"));
     }
     Ok((v * mult).round() as u64)
@@ -478,7 +478,7 @@ fn parse_size_mb(s: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("{s:?} is not a size like 128M or 1G"))?;
     let mb = (v * mult).ceil();
-    if !(mb >= 1.0) {
+    if mb.is_nan() || mb < 1.0 {
         return Err(format!("{s:?} is below 1 MiB"));
     }
     Ok(mb as u64)

@@ -330,10 +330,12 @@ async fn warm_pool_serves_identical_runs_once_each() {
     let rt = crate::support::runtime();
     let engine = {
         let _g = rt.enter();
-        let mut config = Config::default();
-        config.pool = [("python".to_string(), 1), ("bash".to_string(), 1)]
-            .into_iter()
-            .collect();
+        let config = Config {
+            pool: [("python".to_string(), 1), ("bash".to_string(), 1)]
+                .into_iter()
+                .collect(),
+            ..Config::default()
+        };
         std::sync::Arc::new(Engine::new(config, crate::support::gearbox_bin()))
     };
     let go = |r: crate::support::Run| {
@@ -392,14 +394,25 @@ async fn warm_pool_serves_identical_runs_once_each() {
 
 #[tokio::test]
 async fn wasm_backend_runs_javascript_and_refuses_other_languages() {
-    let o = run("javascript", "console.log([1, 2, 3].map(x => x * 2).join(','))")
-        .backend(BackendKind::Wasm)
-        .go()
-        .await;
+    let o = run(
+        "javascript",
+        "console.log([1, 2, 3].map(x => x * 2).join(','))",
+    )
+    .backend(BackendKind::Wasm)
+    .go()
+    .await;
     assert_eq!(o.status, Status::Ok, "{o:?}");
     assert_eq!(o.backend, "wasm");
     assert_eq!(o.stdout, "2,4,6\n");
-    let o = run("python", "print(1)").backend(BackendKind::Wasm).go().await;
+    let o = run("python", "print(1)")
+        .backend(BackendKind::Wasm)
+        .go()
+        .await;
     assert_eq!(o.status, Status::Denied, "{o:?}");
-    assert!(o.reason.as_deref().unwrap_or("").contains("javascript only"));
+    assert!(
+        o.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("javascript only")
+    );
 }
