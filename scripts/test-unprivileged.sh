@@ -4,7 +4,7 @@
 # nobody can read, since the build directory usually is not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$(cargo test -p gearbox --test sandbox --no-run --locked --message-format=json 2>/dev/null \
+bin=$(cargo test --workspace --test sandbox --no-run --locked --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

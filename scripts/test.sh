@@ -27,7 +27,7 @@ echo "== cargo test (as $(id -un))"
 cargo test --workspace --locked
 
 echo "== sandbox suite again, every default-limits run through a warm (pooled) sandbox"
-GEARBOX_TEST_POOL=1 cargo test -p gearbox --test sandbox --locked
+GEARBOX_TEST_POOL=1 cargo test --workspace --test sandbox --locked
 
 if [ "$(id -u)" -eq 0 ]; then
     echo "== sandbox suite as an unprivileged user"
