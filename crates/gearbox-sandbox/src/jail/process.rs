@@ -49,23 +49,7 @@ fn run_in(
         .mode(0o700)
         .create(&tmp)
         .step("create tmp")?;
-    for ((name, _), content) in spec.files.iter().zip(files) {
-        if name
-            .split('/')
-            .any(|c| c.is_empty() || c == "." || c == "..")
-            || name.starts_with('/')
-        {
-            return Err(StepError {
-                step: "write files".into(),
-                message: format!("refused name {name:?}"),
-            });
-        }
-        let path = work.join(name);
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).step("create directories")?;
-        }
-        fs::write(&path, content).step(&format!("write {name}"))?;
-    }
+    super::mount::write_files(&work, &spec.files, files)?;
     let env = super::program_env(&spec.env, &work.to_string_lossy(), &tmp.to_string_lossy());
     let argv: Vec<CString> = spec
         .argv
