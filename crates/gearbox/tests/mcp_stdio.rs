@@ -618,3 +618,40 @@ async fn older_protocol_revisions_negotiate() {
         assert_eq!(r.structured_content.expect("s")["stdout"], "v\n");
     }
 }
+
+/// The stateless 2026-07-28 revision: no `initialize`, a `server/discover` probe, then
+/// self-contained requests carrying their protocol version in `_meta`.
+#[tokio::test]
+async fn stateless_2026_07_28_revision_runs_code() {
+    use rmcp::model::ProtocolVersion;
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
+            c.arg("serve");
+        }),
+    )
+    .expect("spawn");
+    let session = Client::default()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("server/discover");
+    assert_eq!(
+        session.peer_info().expect("info").protocol_version,
+        ProtocolVersion::V_2026_07_28
+    );
+    let tools = session.list_all_tools().await.expect("tools/list");
+    assert!(tools.iter().any(|t| t.name == "execute_code"));
+    let r = session
+        .call_tool(
+            CallToolRequestParams::new("execute_code")
+                .with_arguments(obj(json!({"language": "python", "code": "print(6*7)"}))),
+        )
+        .await
+        .expect("call");
+    assert_eq!(r.structured_content.expect("structured")["stdout"], "42\n");
+}
