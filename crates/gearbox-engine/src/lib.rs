@@ -11,3 +11,4 @@ mod lazy;
 
 pub use config::{Config, ConfigError};
 pub use engine::{Engine, LanguageInfo};
+pub use gearbox_sandbox::PoolStats;

@@ -150,8 +150,8 @@ impl Metrics {
             .inc();
     }
 
-    /// The text exposition, with the gauges read from `limiter` now.
-    pub fn encode(&self, limiter: &Limiter) -> String {
+    /// The text exposition, with the gauges read from `limiter` and the warm pool now.
+    pub fn encode(&self, limiter: &Limiter, pool: &[gearbox_engine::PoolStats]) -> String {
         self.queue_depth.set(limiter.queued() as i64);
         self.in_flight.set(limiter.running() as i64);
         self.max_running.set(limiter.max_running() as i64);
@@ -159,8 +159,68 @@ impl Metrics {
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::warn!(error = %e, "encoding metrics");
         }
+        out.push_str(&encode_pool(pool));
         out
     }
+}
+
+/// Name, type, help and value of one warm-pool series.
+type PoolSeries = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&gearbox_engine::PoolStats) -> f64,
+);
+
+/// Warm-pool series, read from the pool's own counters at scrape time.
+fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
+    if pool.is_empty() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let series: [PoolSeries; 5] = [
+        (
+            "gearbox_pool_ready",
+            "gauge",
+            "Warm sandboxes ready to take.",
+            |s| s.ready as f64,
+        ),
+        (
+            "gearbox_pool_target",
+            "gauge",
+            "Warm sandboxes the pool aims to keep.",
+            |s| s.target as f64,
+        ),
+        (
+            "gearbox_pool_hits_total",
+            "counter",
+            "Runs served by a warm sandbox.",
+            |s| s.hits as f64,
+        ),
+        (
+            "gearbox_pool_misses_total",
+            "counter",
+            "Runs that found no warm sandbox and started cold.",
+            |s| s.misses as f64,
+        ),
+        (
+            "gearbox_pool_refill_seconds",
+            "gauge",
+            "Time to build the last replacement sandbox.",
+            |s| s.last_refill_ms / 1000.0,
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for s in pool {
+            out.push_str(&format!(
+                "{name}{{language=\"{}\"}} {}\n",
+                s.language,
+                value(s)
+            ));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -174,7 +234,23 @@ mod tests {
         m.error("busy");
         m.duration(0.05);
         m.setup(0.002);
-        let text = m.encode(&Limiter::new(2, 3));
+        let pool = [gearbox_engine::PoolStats {
+            language: "python".into(),
+            ready: 2,
+            target: 3,
+            hits: 5,
+            misses: 1,
+            last_refill_ms: 12.5,
+        }];
+        let text = m.encode(&Limiter::new(2, 3), &pool);
+        for needle in [
+            "gearbox_pool_ready{language=\"python\"} 2",
+            "gearbox_pool_hits_total{language=\"python\"} 5",
+            "gearbox_pool_misses_total{language=\"python\"} 1",
+            "gearbox_pool_refill_seconds{language=\"python\"} 0.0125",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from {text}");
+        }
         for needle in [
             "mcp_execution_requests_total{language=\"python\",status=\"ok\"} 1",
             "mcp_execution_errors_total{reason=\"busy\"} 1",

@@ -193,7 +193,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let text = state.server.metrics().encode(state.server.limiter());
+    let text = state
+        .server
+        .metrics()
+        .encode(state.server.limiter(), &state.server.engine().pool_stats());
     let mut r = (StatusCode::OK, text).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
