@@ -422,6 +422,16 @@ fn doctor(engine: Engine, json: bool) -> Result<ExitCode> {
             println!("        {d}");
         }
     }
+    let pool = &engine.config().pool;
+    if pool.is_empty() {
+        println!("warm pool (gearbox serve): off");
+    } else {
+        let sizes: Vec<String> = pool.iter().map(|(l, n)| format!("{l} {n}")).collect();
+        println!(
+            "warm pool (gearbox serve): {} (live sizes, hits and refill times: /metrics)",
+            sizes.join(", ")
+        );
+    }
     println!("languages:");
     for l in &languages {
         match (&l.interpreter, &l.unavailable) {
