@@ -76,8 +76,8 @@ pub struct Job {
     /// The entrypoint (workspace-relative) followed by the call's args: what a warm launcher
     /// receives as the program's argv.
     pub program_argv: Vec<String>,
-    /// Name of the language's built-in launcher and its command (`{launcher}` unreplaced
-    /// path placeholder already substituted by the backend), for the warm pool.
+    /// For the warm pool: the language's built-in launcher name and the command that starts
+    /// it at [`LAUNCHER_PATH`]; `None` when the language has no launcher.
     pub launcher: Option<(String, Vec<String>)>,
     /// Environment of the language plus the call's; the backend adds PATH, HOME, TMPDIR and
     /// substitutes `{workspace}` and `{tmp}`. Nothing of the server's environment is here.

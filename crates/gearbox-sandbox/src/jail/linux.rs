@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -222,7 +222,7 @@ struct Watch {
 /// Read init's messages until it closes the pipe or the deadline passes.
 fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailReport) -> Watch {
     let mut w = Watch::default();
-    // SAFETY: dup gives an fd this File owns; the original stays with the caller.
+    // A duplicate fd for reading; the original stays with the caller for poll.
     let mut file = match st_r.try_clone() {
         Ok(fd) => File::from(fd),
         Err(e) => {
@@ -324,7 +324,6 @@ fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailRepor
                 }
             }
         }
-        let _ = file.as_raw_fd();
     }
 }
 
