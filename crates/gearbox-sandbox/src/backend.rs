@@ -175,12 +175,8 @@ pub(crate) async fn run_helper_report(
     job: Job,
 ) -> Result<(Outcome, Vec<String>), SandboxError> {
     let sp = spawn(&helper, &spec_for(mode, &job, None)).await?;
-    let mut payload: Vec<Vec<u8>> = Vec::with_capacity(job.files.len() + 1);
     let mut job = job;
-    for f in &mut job.files {
-        payload.push(std::mem::take(&mut f.content));
-    }
-    payload.push(std::mem::take(&mut job.stdin));
+    let payload = take_payload(Vec::new(), &mut job);
     finish(sp, payload, &job, mode).await
 }
 
@@ -195,14 +191,21 @@ pub(crate) async fn run_warm(
         env: job.env.clone(),
         files: file_list(&job),
     };
-    let mut payload =
-        vec![encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?];
+    let header = encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?;
     let mut job = job;
+    let payload = take_payload(vec![header], &mut job);
+    finish(sp, payload, &job, Mode::Linux).await
+}
+
+/// What follows a header on the helper's stdin: each file's bytes, then the program's stdin
+/// (moved out of `job`, not copied).
+fn take_payload(mut payload: Vec<Vec<u8>>, job: &mut Job) -> Vec<Vec<u8>> {
+    payload.reserve(job.files.len() + 1);
     for f in &mut job.files {
         payload.push(std::mem::take(&mut f.content));
     }
     payload.push(std::mem::take(&mut job.stdin));
-    finish(sp, payload, &job, Mode::Linux).await
+    payload
 }
 
 /// Write `payload` to the helper, read the program's output while it runs, and build the

@@ -70,7 +70,12 @@ pub struct HandOver {
 
 /// Encode a hand-over header.
 pub fn encode_handover(h: &HandOver) -> Result<Vec<u8>, serde_json::Error> {
-    let json = serde_json::to_vec(h)?;
+    encode_frame(h)
+}
+
+/// A little-endian `u32` length, then that many bytes of JSON: the framing of both headers.
+fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    let json = serde_json::to_vec(value)?;
     let mut out = Vec::with_capacity(json.len() + 4);
     out.extend_from_slice(&(json.len() as u32).to_le_bytes());
     out.extend_from_slice(&json);
@@ -143,11 +148,7 @@ pub struct JailReport {
 
 /// Encode the header the server sends first.
 pub fn encode_header(spec: &JailSpec) -> Result<Vec<u8>, serde_json::Error> {
-    let json = serde_json::to_vec(spec)?;
-    let mut out = Vec::with_capacity(json.len() + 4);
-    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    out.extend_from_slice(&json);
-    Ok(out)
+    encode_frame(spec)
 }
 
 /// Read the header and the files from `r`, reading no byte beyond them.

@@ -136,7 +136,7 @@ fn start_cold(
         None,
     )?;
     Msg::Started {
-        root_us: t0.elapsed().as_micros() as u64,
+        init_us: t0.elapsed().as_micros() as u64,
     }
     .send(st_w);
     Ok(child)
@@ -188,7 +188,7 @@ fn start_pooled(
         Some((child, job_w)) => {
             let job = serde_json::json!({ "argv": handover.program_argv, "env": env.iter().cloned().collect::<std::collections::BTreeMap<_, _>>() });
             Msg::Started {
-                root_us: handed.elapsed().as_micros() as u64,
+                init_us: handed.elapsed().as_micros() as u64,
             }
             .send(st_w);
             let bytes = serde_json::to_vec(&job).step("encode job")?;
@@ -207,7 +207,7 @@ fn start_pooled(
                 None,
             )?;
             Msg::Started {
-                root_us: handed.elapsed().as_micros() as u64,
+                init_us: handed.elapsed().as_micros() as u64,
             }
             .send(st_w);
             Ok(child)

@@ -32,8 +32,12 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum Msg {
-    /// The program was forked; its time starts now. Carries init's set-up time.
-    Started { root_us: u64 },
+    /// The program was forked; its time starts now.
+    Started {
+        /// Init's own work before the program started: building the root (cold), or from
+        /// hand-over to start (warm).
+        init_us: u64,
+    },
     /// A warm sandbox is built and waits for its program.
     Ready { root_us: u64 },
     /// Mechanisms the program applied to itself before exec.
@@ -294,14 +298,14 @@ fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailRepor
                         .push(("init: warm and waiting".into(), root_us));
                     ready = true;
                 }
-                Msg::Started { root_us } => {
+                Msg::Started { init_us } => {
                     let now = Instant::now();
                     started = Some(now);
                     if ready {
                         // Hand-over to start: what a warm run waits for.
-                        report.setup_us = root_us;
+                        report.setup_us = init_us;
                     } else {
-                        report.timings.push(("init: root built".into(), root_us));
+                        report.timings.push(("init: root built".into(), init_us));
                         report.setup_us = now.duration_since(start).as_micros() as u64;
                     }
                 }

@@ -318,16 +318,9 @@ pub fn write_files(
     files: &[Vec<u8>],
 ) -> Result<(), StepError> {
     for ((name, _), content) in names.iter().zip(files) {
-        if name
-            .split('/')
-            .any(|c| c.is_empty() || c == "." || c == "..")
-            || name.starts_with('/')
-        {
-            return Err(StepError {
-                step: "write files".into(),
-                message: format!("refused name {name:?}"),
-            });
-        }
+        // The server validated every name; the helper checks again with the same rule
+        // before writing as the sandbox user.
+        gearbox_core::validate_relative_path("file name", name).step("write files")?;
         let path = work.join(name);
         if let Some(parent) = path.parent() {
             fs::DirBuilder::new()

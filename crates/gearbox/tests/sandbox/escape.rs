@@ -380,3 +380,33 @@ async fn dropping_a_run_kills_its_sandbox() {
     let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");
 }
+
+#[test]
+fn every_mechanism_is_reported_enforced() {
+    // The mechanisms that leave no trace a program can read (Landlock, the seccomp policy
+    // itself, cgroup limits) are reported by the helper as it applies them; doctor shows them.
+    let reports = crate::support::engine().probe();
+    let linux = reports
+        .iter()
+        .find(|r| r.backend == gearbox_core::BackendKind::Linux)
+        .expect("linux backend report");
+    assert!(linux.available, "{linux:?}");
+    let details = linux.details.join("\n");
+    let mut expected = vec![
+        "capabilities: none",
+        "no_new_privs",
+        "seccomp: 2 filters",
+        "net (loopback only)",
+    ];
+    let lsm = std::fs::read_to_string("/sys/kernel/security/lsm").unwrap_or_default();
+    if lsm.split(',').any(|m| m.trim() == "landlock") {
+        expected.push("landlock: fully enforced");
+    }
+    if is_root() && crate::support::cgroups_writable() {
+        expected.push("memory");
+        expected.push("pids");
+    }
+    for e in expected {
+        assert!(details.contains(e), "{e:?} missing from doctor:\n{details}");
+    }
+}

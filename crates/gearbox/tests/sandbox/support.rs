@@ -141,3 +141,11 @@ pub async fn survivors_after(needle: &str, grace: std::time::Duration) -> Vec<St
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// Whether this host offers cgroup controllers the helper can use (as root).
+pub fn cgroups_writable() -> bool {
+    !matches!(
+        gearbox_sandbox::CgroupSupport::detect(),
+        gearbox_sandbox::CgroupSupport::None { .. }
+    )
+}
