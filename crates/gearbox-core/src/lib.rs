@@ -6,6 +6,7 @@
 //! It must not know how any backend isolates code, nor speak MCP.
 
 pub mod capture;
+pub mod gear;
 pub mod language;
 pub mod limits;
 pub mod names;
@@ -14,6 +15,7 @@ pub mod request;
 pub mod sandbox;
 
 pub use capture::{CappedOutput, read_capped, read_capped_until};
+pub use gear::{Capability, Decision, Gear};
 pub use language::{LanguageSpec, LanguageTable, ResolvedLanguage};
 pub use limits::{LimitOverrides, Limits};
 pub use names::{NameError, validate_relative_path};
