@@ -57,6 +57,9 @@ pub struct ExecRequest {
     pub limits: LimitOverrides,
     /// Whether the run asks for network access (granted only by policy).
     pub network: bool,
+    /// Host paths the server (never the caller) mounts read-only at the same place: package
+    /// layers, the broker's per-run socket directory.
+    pub mounts: Vec<PathBuf>,
 }
 
 /// A file a backend writes into the workspace before the program starts.
@@ -172,7 +175,12 @@ impl Job {
             files,
             stdin: req.stdin.clone(),
             limits,
-            mounts: lang.mounts.clone(),
+            mounts: lang
+                .mounts
+                .iter()
+                .chain(req.mounts.iter())
+                .cloned()
+                .collect(),
             network: req.network,
         })
     }

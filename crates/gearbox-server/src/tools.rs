@@ -327,6 +327,7 @@ pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
                 ..Default::default()
             },
             network: false,
+            mounts: Vec::new(),
         },
         backend: a.backend,
     }
