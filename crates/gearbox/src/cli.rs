@@ -328,6 +328,7 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
             ..Default::default()
         },
         network: false,
+        mounts: Vec::new(),
     };
     let outcome = runtime()?.block_on(engine.execute(req, args.backend));
     report(&outcome, args.json)?;
