@@ -1,0 +1,656 @@
+//! The tool-call channel of one run: a private directory with a Unix socket and the SDK, a
+//! line-delimited JSON protocol on the socket, and the policy checks on every call.
+//!
+//! Protocol (one JSON object per line, both ways; requests on one connection may overlap and
+//! are answered by `id`):
+//!
+//! ```text
+//! → {"id": 1, "op": "call", "server": "everything", "tool": "echo", "args": {"message": "hi"}}
+//! ← {"id": 1, "ok": true, "result": {"structured": null, "text": "Echo: hi", "content": [...]}}
+//! ← {"id": 1, "ok": true, "result": {"truncated": true, "artifact_id": "...", "size_bytes": N, "preview": "..."}}
+//! ← {"id": 1, "ok": false, "error": {"type": "ToolNotAllowed", "message": "..."}}
+//! → {"id": 2, "op": "list_servers"}            ← result: [{"name", "tags", "status"}]
+//! → {"id": 3, "op": "list_tools", "server": S} ← result: [{"name", "description"}]
+//! ```
+//!
+//! Error types: `ToolNotAllowed`, `ToolTimeout`, `CallLimitExceeded`, `ToolFailed` (the tool
+//! answered `isError`, or its server is down or crashed), `BadRequest`.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rmcp::model::CallToolResult;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::codec::{FramedRead, LinesCodec};
+
+use crate::config::CallLimits;
+use crate::stubs::StubLanguage;
+use crate::target::CallError;
+use crate::{ArtifactSink, Broker, BrokerError, glob};
+
+/// The Python SDK, written read-only into each run's SDK directory.
+pub const PYTHON_SDK: &str = include_str!("sdk/gearbox.py");
+/// The Node.js SDK (CommonJS: `require("gearbox")`).
+pub const NODE_SDK: &str = include_str!("sdk/gearbox.js");
+
+/// Longest request line the broker reads (bytes).
+const MAX_LINE: usize = 4 * 1024 * 1024;
+/// Connections one run may hold open at once.
+const MAX_CONNECTIONS: usize = 16;
+/// Characters of a trimmed result handed to the code.
+const PREVIEW_CHARS: usize = 2_000;
+
+/// What one run's code may call and how much.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallPolicy {
+    /// `server/tool` globs; a call must match one.
+    pub allow: Vec<String>,
+    pub limits: CallLimits,
+}
+
+impl CallPolicy {
+    /// Validate `allow` (each entry `server/tool`, globs allowed); an error names the entry.
+    pub fn new(allow: Vec<String>, limits: CallLimits) -> Result<CallPolicy, String> {
+        if allow.is_empty() {
+            return Err("allow_tools: give at least one server/tool pattern".into());
+        }
+        if allow.len() > 256 {
+            return Err("allow_tools: at most 256 patterns".into());
+        }
+        for (i, p) in allow.iter().enumerate() {
+            glob::validate(p).map_err(|e| format!("allow_tools[{i}]: {e}"))?;
+            if !p.contains('/') {
+                return Err(format!(
+                    "allow_tools[{i}]: {p:?} must be server/tool (globs allowed, e.g. \"everything/*\")"
+                ));
+            }
+        }
+        Ok(CallPolicy { allow, limits })
+    }
+
+    fn allows(&self, server: &str, tool: &str) -> bool {
+        let name = format!("{server}/{tool}");
+        self.allow.iter().any(|p| glob::matches(p, &name))
+    }
+
+    /// Whether some pattern could allow a tool of `server`.
+    fn touches(&self, server: &str) -> bool {
+        self.allow.iter().any(|p| {
+            let (s, _) = p.split_once('/').unwrap_or((p, ""));
+            glob::matches(s, server)
+        })
+    }
+}
+
+/// How a tool call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CallOutcome {
+    Ok,
+    /// The tool answered with `isError`.
+    ToolError,
+    /// Refused by the allowlist (or the target's `tools_allow`).
+    NotAllowed,
+    /// Past the per-call deadline or the run's wall clock.
+    Timeout,
+    /// Past `max_calls`.
+    CallLimit,
+    /// The server was down, crashed during the call, or answered with a protocol error.
+    Failed,
+}
+
+/// One tool call of a run, as the run's result reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolCallRecord {
+    pub server: String,
+    pub tool: String,
+    pub duration_ms: u64,
+    pub outcome: CallOutcome,
+    /// Why the call did not succeed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Where the full result went when it was larger than `max_output_kb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_id: Option<String>,
+}
+
+struct RunState {
+    broker: Broker,
+    policy: CallPolicy,
+    started: Instant,
+    calls: AtomicU32,
+    records: Mutex<Vec<ToolCallRecord>>,
+    sink: Arc<dyn ArtifactSink>,
+}
+
+/// The channel of one run. Dropping it stops serving and removes its directory;
+/// [`RunChannel::finish`] does the same and returns the calls made.
+pub struct RunChannel {
+    dir: PathBuf,
+    socket: PathBuf,
+    sdk: PathBuf,
+    state: Arc<RunState>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RunChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunChannel")
+            .field("dir", &self.dir)
+            .field("policy", &self.state.policy)
+            .finish()
+    }
+}
+
+fn io(what: &str, path: &Path, e: std::io::Error) -> BrokerError {
+    BrokerError::Io(format!("{what} {}: {e}", path.display()))
+}
+
+fn write_ro(path: &Path, text: &str) -> Result<(), BrokerError> {
+    std::fs::write(path, text).map_err(|e| io("writing", path, e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444))
+        .map_err(|e| io("chmod", path, e))
+}
+
+pub(crate) async fn open(
+    broker: Broker,
+    policy: CallPolicy,
+    sink: Arc<dyn ArtifactSink>,
+) -> Result<RunChannel, BrokerError> {
+    let root = broker.config().runtime_dir();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(&root)
+        .map_err(|e| io("creating", &root, e))?;
+    let dir = root.join(format!("run-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::DirBuilder::new()
+        .mode(0o711)
+        .create(&dir)
+        .map_err(|e| io("creating", &dir, e))?;
+    // DirBuilder's mode is masked by the umask; set it exactly.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| io("chmod", &dir, e))?;
+    // From here on, a failure removes the directory (the channel's Drop).
+    let mut channel = RunChannel {
+        socket: dir.join("broker.sock"),
+        sdk: dir.join("sdk"),
+        dir,
+        state: Arc::new(RunState {
+            broker: broker.clone(),
+            policy,
+            started: Instant::now(),
+            calls: AtomicU32::new(0),
+            records: Mutex::new(Vec::new()),
+            sink,
+        }),
+        server: None,
+    };
+    let tools_dir = channel.sdk.join("tools");
+    for d in [&channel.sdk, &tools_dir] {
+        std::fs::create_dir(d).map_err(|e| io("creating", d, e))?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| io("chmod", d, e))?;
+    }
+    write_ro(&channel.sdk.join("gearbox.py"), PYTHON_SDK)?;
+    write_ro(&channel.sdk.join("gearbox.js"), NODE_SDK)?;
+    write_ro(
+        &tools_dir.join("__init__.py"),
+        "\"\"\"Typed stubs of the servers this run may call, one module per server.\"\"\"\n",
+    )?;
+    // Stubs of every server the allowlist touches; a server that is down gets none (the
+    // code can still call it, and sees why it fails).
+    let touched: Vec<String> = broker
+        .target_names()
+        .into_iter()
+        .filter(|s| channel.state.policy.touches(s))
+        .collect();
+    let stubs = futures::future::join_all(touched.iter().map(|s| {
+        let broker = broker.clone();
+        async move {
+            let py = broker.stubs(s, StubLanguage::Python).await;
+            let js = broker.stubs(s, StubLanguage::Javascript).await;
+            (s, py, js)
+        }
+    }))
+    .await;
+    for (server, py, js) in stubs {
+        for (lang, text) in [(StubLanguage::Python, py), (StubLanguage::Javascript, js)] {
+            match text {
+                Ok(text) => write_ro(&channel.sdk.join(lang.file_name(server)), &text)?,
+                Err(e) => tracing::info!(server, error = %e, "no stubs for a server that is down"),
+            }
+        }
+    }
+    let listener =
+        UnixListener::bind(&channel.socket).map_err(|e| io("binding", &channel.socket, e))?;
+    std::fs::set_permissions(&channel.socket, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| io("chmod", &channel.socket, e))?;
+    channel.server = Some(tokio::spawn(serve(listener, channel.state.clone())));
+    Ok(channel)
+}
+
+impl RunChannel {
+    /// The run's directory on the host; mount it read-only at the same path in the sandbox.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The socket's path (inside `dir`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The SDK directory (inside `dir`): `gearbox.py`, `gearbox.js`, `tools/`.
+    pub fn sdk_dir(&self) -> &Path {
+        &self.sdk
+    }
+
+    /// Environment for the sandboxed program: `GEARBOX_BROKER` (the socket), `PYTHONPATH`
+    /// and `NODE_PATH` (the SDK directory).
+    pub fn env(&self) -> Vec<(String, String)> {
+        let sdk = self.sdk.display().to_string();
+        vec![
+            ("GEARBOX_BROKER".into(), self.socket.display().to_string()),
+            ("PYTHONPATH".into(), sdk.clone()),
+            ("NODE_PATH".into(), sdk),
+        ]
+    }
+
+    pub fn policy(&self) -> &CallPolicy {
+        &self.state.policy
+    }
+
+    /// The calls recorded so far.
+    pub fn records(&self) -> Vec<ToolCallRecord> {
+        self.state
+            .records
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
+    }
+
+    /// Stop serving (calls in flight are cancelled), remove the directory and return the
+    /// calls made, in the order they finished.
+    pub fn finish(mut self) -> Vec<ToolCallRecord> {
+        self.stop();
+        self.records()
+    }
+
+    fn stop(&mut self) {
+        if let Some(task) = self.server.take() {
+            task.abort();
+        }
+        if self.dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(&self.dir)
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "removing a run's broker directory");
+        }
+    }
+}
+
+impl Drop for RunChannel {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn serve(listener: UnixListener, state: Arc<RunState>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    if conns.len() >= MAX_CONNECTIONS {
+                        tracing::debug!("run broker: too many connections; closing one");
+                        drop(stream);
+                        continue;
+                    }
+                    conns.spawn(connection(stream, state.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "run broker: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request {
+    id: Value,
+    op: String,
+    #[serde(default)]
+    server: Option<String>,
+    #[serde(default)]
+    tool: Option<String>,
+    #[serde(default)]
+    args: Option<Value>,
+}
+
+/// An error answered to the code.
+struct Refusal {
+    kind: &'static str,
+    message: String,
+}
+
+impl Refusal {
+    fn new(kind: &'static str, message: impl Into<String>) -> Refusal {
+        Refusal {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+async fn connection(stream: UnixStream, state: Arc<RunState>) {
+    let (read, mut write) = stream.into_split();
+    let mut lines = FramedRead::new(read, LinesCodec::new_with_max_length(MAX_LINE));
+    let (tx, mut rx) = mpsc::channel::<String>(64);
+    let writer = tokio::spawn(async move {
+        while let Some(mut line) = rx.recv().await {
+            line.push('\n');
+            if write.write_all(line.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut requests = JoinSet::new();
+    loop {
+        tokio::select! {
+            line = lines.next() => {
+                let Some(line) = line else { break };
+                let line = match line {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let answer = json!({"id": null, "ok": false, "error": {"type": "BadRequest", "message": format!("unreadable request: {e}")}});
+                        let _ = tx.send(answer.to_string()).await;
+                        break;
+                    }
+                };
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let state = state.clone();
+                let tx = tx.clone();
+                requests.spawn(async move {
+                    let answer = handle(&line, &state).await;
+                    let _ = tx.send(answer).await;
+                });
+            }
+            Some(_) = requests.join_next(), if !requests.is_empty() => {}
+        }
+    }
+    while requests.join_next().await.is_some() {}
+    drop(tx);
+    let _ = writer.await;
+}
+
+async fn handle(line: &str, state: &RunState) -> String {
+    let req: Request = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => {
+            return json!({"id": null, "ok": false, "error": {"type": "BadRequest", "message": format!("request is not valid: {e}")}}).to_string();
+        }
+    };
+    let result = match req.op.as_str() {
+        "call" => call(&req, state).await,
+        "list_servers" => Ok(list_servers(state).await),
+        "list_tools" => list_tools(&req, state).await,
+        other => Err(Refusal::new(
+            "BadRequest",
+            format!("op: unknown operation {other:?}; use call, list_servers or list_tools"),
+        )),
+    };
+    let answer = match result {
+        Ok(v) => json!({"id": req.id, "ok": true, "result": v}),
+        Err(r) => {
+            json!({"id": req.id, "ok": false, "error": {"type": r.kind, "message": r.message}})
+        }
+    };
+    state.broker.scrub(&answer.to_string())
+}
+
+async fn list_servers(state: &RunState) -> Value {
+    let servers = state.broker.servers().await;
+    Value::Array(
+        servers
+            .into_iter()
+            .filter(|s| state.policy.touches(&s.name))
+            .map(|s| json!({"name": s.name, "tags": s.tags, "status": s.status, "error": s.error}))
+            .collect(),
+    )
+}
+
+async fn list_tools(req: &Request, state: &RunState) -> Result<Value, Refusal> {
+    let Some(server) = req.server.as_deref() else {
+        return Err(Refusal::new("BadRequest", "server: missing"));
+    };
+    let tools = state
+        .broker
+        .tools(Some(server), None)
+        .await
+        .map_err(|e| Refusal::new("ToolFailed", e.to_string()))?;
+    Ok(Value::Array(
+        tools
+            .into_iter()
+            .filter(|t| state.policy.allows(server, &t.name))
+            .map(|t| json!({"name": t.name, "description": t.description}))
+            .collect(),
+    ))
+}
+
+impl RunState {
+    fn record(&self, r: ToolCallRecord) {
+        if let Ok(mut records) = self.records.lock() {
+            records.push(r);
+        }
+    }
+}
+
+async fn call(req: &Request, state: &RunState) -> Result<Value, Refusal> {
+    let started = Instant::now();
+    let (Some(server), Some(tool)) = (req.server.as_deref(), req.tool.as_deref()) else {
+        return Err(Refusal::new("BadRequest", "server and tool are required"));
+    };
+    let args = match &req.args {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => Some(m.clone()),
+        Some(_) => return Err(Refusal::new("BadRequest", "args: must be an object")),
+    };
+    let finish = |outcome: CallOutcome, error: Option<String>, artifact_id: Option<String>| {
+        let error = error.map(|e| state.broker.scrub(&e));
+        state.record(ToolCallRecord {
+            server: server.to_string(),
+            tool: tool.to_string(),
+            duration_ms: started.elapsed().as_millis() as u64,
+            outcome,
+            error,
+            artifact_id,
+        });
+    };
+    let limits = state.policy.limits;
+    let n = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    if n > limits.max_calls {
+        let m = format!(
+            "call limit reached: this run may make {} tool calls (max_calls)",
+            limits.max_calls
+        );
+        finish(CallOutcome::CallLimit, Some(m.clone()), None);
+        return Err(Refusal::new("CallLimitExceeded", m));
+    }
+    let exposed = state
+        .broker
+        .target(server)
+        .map(|t| t.exposes(tool))
+        .unwrap_or(true);
+    if !state.policy.allows(server, tool) || !exposed {
+        let m = format!(
+            "{server}/{tool} is not allowed in this run (allowed: {})",
+            state.policy.allow.join(", ")
+        );
+        finish(CallOutcome::NotAllowed, Some(m.clone()), None);
+        return Err(Refusal::new("ToolNotAllowed", m));
+    }
+    let target = match state.broker.target(server) {
+        Ok(t) => t.clone(),
+        Err(e) => {
+            finish(CallOutcome::Failed, Some(e.to_string()), None);
+            return Err(Refusal::new("ToolFailed", e.to_string()));
+        }
+    };
+    let wall = Duration::from_millis(limits.wall_clock_ms);
+    let left = wall.saturating_sub(state.started.elapsed());
+    if left.is_zero() {
+        let m = format!(
+            "the run's tool-call wall clock ({} ms, wall_clock_ms) is spent",
+            limits.wall_clock_ms
+        );
+        finish(CallOutcome::Timeout, Some(m.clone()), None);
+        return Err(Refusal::new("ToolTimeout", m));
+    }
+    let per_call = Duration::from_millis(limits.per_call_ms);
+    let deadline = per_call.min(left);
+    let result = target.call(tool, args, deadline).await;
+    let result: CallToolResult = match result {
+        Ok(r) => r,
+        Err(CallError::Timeout(_)) => {
+            let m = if deadline < per_call {
+                format!(
+                    "{server}/{tool}: no answer before the run's tool-call wall clock ({} ms) ran out; the call was cancelled",
+                    limits.wall_clock_ms
+                )
+            } else {
+                format!(
+                    "{server}/{tool}: no answer within {} ms (per_call_ms); the call was cancelled",
+                    limits.per_call_ms
+                )
+            };
+            finish(CallOutcome::Timeout, Some(m.clone()), None);
+            return Err(Refusal::new("ToolTimeout", m));
+        }
+        Err(e) => {
+            let m = format!("{server}/{tool}: {e}");
+            finish(CallOutcome::Failed, Some(m.clone()), None);
+            return Err(Refusal::new("ToolFailed", m));
+        }
+    };
+    let mut text = String::new();
+    let mut content = Vec::new();
+    for block in &result.content {
+        if let Some(t) = block.as_text() {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&t.text);
+        }
+        content.push(serde_json::to_value(block).unwrap_or(Value::Null));
+    }
+    let max = (limits.max_output_kb as usize).saturating_mul(1024);
+    if result.is_error == Some(true) {
+        let mut m = format!("{server}/{tool} failed: {text}");
+        if m.len() > max {
+            m = format!("{}... [trimmed]", truncate(&m, max));
+        }
+        finish(CallOutcome::ToolError, Some(truncate(&m, 500)), None);
+        return Err(Refusal::new("ToolFailed", m));
+    }
+    let value = json!({
+        "structured": result.structured_content,
+        "text": text,
+        "content": content,
+    });
+    let full = state.broker.scrub(&value.to_string());
+    if full.len() <= max {
+        finish(CallOutcome::Ok, None, None);
+        return Ok(serde_json::from_str(&full).unwrap_or(value));
+    }
+    let hint = format!("{server}-{tool}-{n}");
+    let sink = state.sink.clone();
+    let bytes = full.into_bytes();
+    let size = bytes.len();
+    let stored = tokio::task::spawn_blocking(move || sink.store(&hint, &bytes))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    match stored {
+        Ok(id) => {
+            let source = if text.is_empty() {
+                result
+                    .structured_content
+                    .as_ref()
+                    .map(|v| v.to_string())
+                    .unwrap_or_default()
+            } else {
+                text
+            };
+            let preview = state
+                .broker
+                .scrub(&truncate(&source, PREVIEW_CHARS.min(max.max(64))));
+            finish(CallOutcome::Ok, None, Some(id.clone()));
+            Ok(json!({
+                "truncated": true,
+                "artifact_id": id,
+                "size_bytes": size,
+                "max_output_kb": limits.max_output_kb,
+                "preview": preview,
+            }))
+        }
+        Err(e) => {
+            let m = format!(
+                "{server}/{tool}: the result ({size} bytes) is over max_output_kb and could not be stored: {e}"
+            );
+            finish(CallOutcome::Failed, Some(m.clone()), None);
+            Err(Refusal::new("ToolFailed", m))
+        }
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_patterns_are_server_slash_tool() {
+        let l = CallLimits::default();
+        assert!(CallPolicy::new(vec![], l).is_err());
+        let e = CallPolicy::new(vec!["ok/*".into(), "echo".into()], l).expect_err("no slash");
+        assert!(e.starts_with("allow_tools[1]"), "{e}");
+        let p = CallPolicy::new(vec!["everything/get-*".into(), "mem*/read_graph".into()], l)
+            .expect("valid");
+        assert!(p.allows("everything", "get-sum"));
+        assert!(!p.allows("everything", "echo"));
+        assert!(p.allows("memory", "read_graph"));
+        assert!(p.touches("memory") && p.touches("everything") && !p.touches("fs"));
+    }
+
+    #[test]
+    fn truncate_keeps_characters_whole() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("abc", 10), "abc");
+    }
+}

@@ -1,0 +1,64 @@
+//! Globs of tool names: `*` matches any run of characters (`/` included), `?` one character,
+//! everything else itself. Small on purpose: the patterns are short and written by operators
+//! and callers, and matching is linear in practice.
+
+/// A pattern is 1 to 256 characters without NUL.
+pub fn validate(pattern: &str) -> Result<(), String> {
+    if pattern.is_empty() {
+        return Err("empty pattern".into());
+    }
+    if pattern.len() > 256 {
+        return Err("pattern longer than 256 characters".into());
+    }
+    if pattern.contains('\0') {
+        return Err("pattern contains a NUL byte".into());
+    }
+    Ok(())
+}
+
+/// Whether `text` matches `pattern` as a whole.
+pub fn matches(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0usize, 0usize);
+    // Position of the last `*` and the text position it was tried at.
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) && p[pi] != '*' {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches;
+
+    #[test]
+    fn globs() {
+        assert!(matches("everything/*", "everything/echo"));
+        assert!(matches("*", "a/b"));
+        assert!(matches("*/get-*", "everything/get-sum"));
+        assert!(matches("e?ho", "echo"));
+        assert!(!matches("everything/*", "memory/read_graph"));
+        assert!(!matches("everything/echo", "everything/echo2"));
+        assert!(matches("a*b*c", "axxbyyc"));
+        assert!(!matches("a*b*c", "axxbyy"));
+        assert!(matches("", ""));
+        assert!(!matches("?", ""));
+    }
+}
