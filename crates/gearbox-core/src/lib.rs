@@ -13,6 +13,7 @@ pub mod names;
 pub mod outcome;
 pub mod request;
 pub mod sandbox;
+pub mod tree;
 
 pub use capture::{CappedOutput, read_capped, read_capped_until};
 pub use gear::{Capability, Decision, Gear};
@@ -21,4 +22,5 @@ pub use limits::{LimitOverrides, Limits};
 pub use names::{NameError, validate_relative_path};
 pub use outcome::{Outcome, ResourceUsage, Status};
 pub use request::{Encoding, ExecRequest, FileInput, Job, JobFile, LAUNCHER_PATH};
-pub use sandbox::{BackendKind, BackendReport, RunFuture, Sandbox, SandboxError};
+pub use sandbox::{BackendKind, BackendReport, CollectFuture, RunFuture, Sandbox, SandboxError};
+pub use tree::{CollectLimits, Collected, WalkSummary};

@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use crate::outcome::Outcome;
 use crate::request::Job;
+use crate::tree::{CollectLimits, Collected};
 
 /// The isolation backends gearbox knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -81,11 +82,28 @@ pub struct BackendReport {
 /// A boxed future returned by [`Sandbox::run`].
 pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, SandboxError>> + Send + 'a>>;
 
+/// A boxed future returned by [`Sandbox::run_collecting`]: the outcome, and the files the
+/// program left in its workspace when it ran to its end (`None` when it was stopped: timeout,
+/// a limit, a sandbox failure).
+pub type CollectFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<(Outcome, Option<Collected>), SandboxError>> + Send + 'a>>;
+
 /// An isolation backend. Every run gets a sandbox no other run has touched. Dropping the
 /// future returned by `run` kills the run and everything it started.
 pub trait Sandbox: Send + Sync {
     fn kind(&self) -> BackendKind;
     fn run(&self, job: Job) -> RunFuture<'_>;
+    /// Run `job` and bring back the regular files of its workspace, within `limits` (session
+    /// runs). Backends that cannot refuse the run.
+    fn run_collecting(&self, job: Job, limits: CollectLimits) -> CollectFuture<'_> {
+        let _ = (job, limits);
+        let kind = self.kind();
+        Box::pin(async move {
+            Err(SandboxError::Unavailable(format!(
+                "the {kind} backend cannot keep a session workspace; use the linux or process backend"
+            )))
+        })
+    }
     /// Check what works on this host (may run a tiny sandbox).
     fn probe(&self) -> BackendReport;
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gearbox_core::{
-    BackendKind, BackendReport, Job, Outcome, ResourceUsage, RunFuture, Sandbox, SandboxError,
-    Status, read_capped_until,
+    BackendKind, BackendReport, CollectFuture, CollectLimits, Collected, Job, Outcome,
+    ResourceUsage, RunFuture, Sandbox, SandboxError, Status, read_capped_until,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -55,6 +55,15 @@ impl Sandbox for LinuxSandbox {
             None => Box::pin(run_helper(self.helper.clone(), Mode::Linux, job)),
         }
     }
+    /// A collecting run always starts cold: the warm pool's sandboxes are built without it.
+    fn run_collecting(&self, job: Job, limits: CollectLimits) -> CollectFuture<'_> {
+        Box::pin(run_collecting(
+            self.helper.clone(),
+            Mode::Linux,
+            job,
+            limits,
+        ))
+    }
     fn probe(&self) -> BackendReport {
         let mut report = crate::probe::probe(&self.helper, Mode::Linux);
         for s in self.pool.stats() {
@@ -84,6 +93,14 @@ impl Sandbox for ProcessSandbox {
     }
     fn run(&self, job: Job) -> RunFuture<'_> {
         Box::pin(run_helper(self.helper.clone(), Mode::Process, job))
+    }
+    fn run_collecting(&self, job: Job, limits: CollectLimits) -> CollectFuture<'_> {
+        Box::pin(run_collecting(
+            self.helper.clone(),
+            Mode::Process,
+            job,
+            limits,
+        ))
     }
     fn probe(&self) -> BackendReport {
         crate::probe::probe(&self.helper, Mode::Process)
@@ -115,6 +132,7 @@ pub(crate) fn spec_for(mode: Mode, job: &Job, pooled: Option<Pooled>) -> JailSpe
         network: job.network,
         parent_pid: std::process::id() as i32,
         pooled,
+        collect: None,
     }
 }
 
@@ -177,7 +195,58 @@ pub(crate) async fn run_helper_report(
     let sp = spawn(&helper, &spec_for(mode, &job, None)).await?;
     let mut job = job;
     let payload = take_payload(Vec::new(), &mut job);
-    finish(sp, payload, &job, mode).await
+    finish(sp, payload, &job, mode)
+        .await
+        .map(|f| (f.outcome, f.enforced))
+}
+
+/// Run `job` through a fresh helper that sends back the workspace's files.
+async fn run_collecting(
+    helper: PathBuf,
+    mode: Mode,
+    job: Job,
+    limits: CollectLimits,
+) -> Result<(Outcome, Option<Collected>), SandboxError> {
+    let mut spec = spec_for(mode, &job, None);
+    spec.collect = Some(limits);
+    let sp = spawn(&helper, &spec).await?;
+    let mut job = job;
+    let payload = take_payload(Vec::new(), &mut job);
+    let f = finish(sp, payload, &job, mode).await?;
+    let mut outcome = f.outcome;
+    let collected = match (f.trailer, f.collect_error) {
+        (_, Some(e)) => {
+            note(&mut outcome, &e);
+            None
+        }
+        (Some(bytes), None) => match gearbox_core::tree::decode_frames(&bytes, &limits) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                note(&mut outcome, &e);
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    Ok((outcome, collected))
+}
+
+/// Add a note about the workspace to an outcome's reason.
+fn note(outcome: &mut Outcome, message: &str) {
+    let text = format!("workspace not saved: {message}");
+    outcome.reason = Some(match outcome.reason.take() {
+        Some(r) => format!("{r}; {text}"),
+        None => text,
+    });
+}
+
+/// What [`finish`] learned: the outcome, the mechanisms reported, and the collected
+/// workspace's frames when the run collected one.
+struct Finished {
+    outcome: Outcome,
+    enforced: Vec<String>,
+    trailer: Option<Vec<u8>>,
+    collect_error: Option<String>,
 }
 
 /// Hand `job` to a warm sandbox.
@@ -194,7 +263,9 @@ pub(crate) async fn run_warm(
     let header = encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?;
     let mut job = job;
     let payload = take_payload(vec![header], &mut job);
-    finish(sp, payload, &job, Mode::Linux).await
+    finish(sp, payload, &job, Mode::Linux)
+        .await
+        .map(|f| (f.outcome, f.enforced))
 }
 
 /// What follows a header on the helper's stdin: each file's bytes, then the program's stdin
@@ -215,7 +286,7 @@ async fn finish(
     payload: Vec<Vec<u8>>,
     job: &Job,
     mode: Mode,
-) -> Result<(Outcome, Vec<String>), SandboxError> {
+) -> Result<Finished, SandboxError> {
     let Spawned {
         mut child,
         mut stdin,
@@ -267,12 +338,26 @@ async fn finish(
             backstop.as_millis()
         )));
     };
-    let report: JailReport = serde_json::from_slice(&report_bytes).map_err(|e| {
-        SandboxError::Protocol(format!(
-            "no report from the sandbox helper ({e}); stderr: {}",
-            err.text.chars().take(500).collect::<String>()
-        ))
-    })?;
+    // The report is one JSON value; a collecting run's workspace frames follow it.
+    let mut values = serde_json::Deserializer::from_slice(&report_bytes).into_iter::<JailReport>();
+    let parsed = values.next();
+    let report_end = values.byte_offset();
+    let report: JailReport = match parsed {
+        Some(Ok(r)) => r,
+        other => {
+            let e = match other {
+                Some(Err(e)) => e.to_string(),
+                _ => "empty".into(),
+            };
+            return Err(SandboxError::Protocol(format!(
+                "no report from the sandbox helper ({e}); stderr: {}",
+                err.text.chars().take(500).collect::<String>()
+            )));
+        }
+    };
+    let trailer = report
+        .collected
+        .then(|| report_bytes.get(report_end..).unwrap_or_default().to_vec());
     tracing::debug!(timings = ?report.timings, setup_us = report.setup_us, "sandbox helper report");
     if let Some(e) = report.error {
         let mut message = e.message;
@@ -310,7 +395,12 @@ async fn finish(
             Mode::Process => "process".into(),
         },
     };
-    Ok((outcome, report.enforced))
+    Ok(Finished {
+        outcome,
+        enforced: report.enforced,
+        trailer,
+        collect_error: report.collect_error,
+    })
 }
 
 async fn run_helper(helper: PathBuf, mode: Mode, job: Job) -> Result<Outcome, SandboxError> {

@@ -5,13 +5,15 @@
 //! then the program's stdin until EOF. The helper reads exactly the header and the files, so
 //! what remains on fd 0 is the program's stdin, which it inherits. The program's stdout and
 //! stderr are the helper's fds 1 and 2 (pipes the server reads). The helper writes one JSON
-//! [`JailReport`] to fd 3 before it exits.
+//! [`JailReport`] to fd 3 before it exits. When the spec asks to collect the workspace and
+//! the report's `collected` is true, the report is followed on fd 3 by the workspace's files
+//! as frames (`gearbox_core::tree`: a tag, a path, a size, the bytes; then a summary).
 
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
 
-use gearbox_core::Limits;
+use gearbox_core::{CollectLimits, Limits};
 use serde::{Deserialize, Serialize};
 
 /// Largest spec header the helper accepts.
@@ -47,6 +49,9 @@ pub struct JailSpec {
     /// A warm sandbox: build everything, then wait on stdin for a [`HandOver`].
     #[serde(default)]
     pub pooled: Option<Pooled>,
+    /// Bring back the workspace's regular files after the program exits (session runs).
+    #[serde(default)]
+    pub collect: Option<CollectLimits>,
 }
 
 /// How a warm sandbox waits for its program.
@@ -144,6 +149,12 @@ pub struct JailReport {
     pub enforced: Vec<String>,
     /// Microseconds since helper start at which each set-up step ended.
     pub timings: Vec<(String, u64)>,
+    /// The workspace's files follow the report on fd 3.
+    #[serde(default)]
+    pub collected: bool,
+    /// Why the workspace could not be collected although the program ran to its end.
+    #[serde(default)]
+    pub collect_error: Option<String>,
 }
 
 /// Encode the header the server sends first.

@@ -86,7 +86,34 @@ pub fn main(
         max_rss_kb,
     }
     .send(&st_w);
+    if let Some(limits) = &spec.collect {
+        collect_workspace(limits, &st_w);
+    }
     exit(0);
+}
+
+/// After the program: stop every process left in the namespace (nothing may change the tree
+/// while it is read), then send the helper `/work`'s regular files as frames after the
+/// `Exited` line. The walk never follows a symlink (see `gearbox_core::tree`). On an error
+/// the stream stays incomplete, which the server reports.
+fn collect_workspace(limits: &gearbox_core::CollectLimits, st_w: &OwnedFd) {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
+    loop {
+        match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+    let Ok(fd) = st_w.try_clone() else { exit(1) };
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::fs::File::from(fd));
+    let sent = gearbox_core::tree::open_dir(std::path::Path::new("/work"))
+        .and_then(|root| gearbox_core::tree::collect_into(root.as_fd(), limits, &mut out))
+        .and_then(|_| out.flush());
+    if sent.is_err() {
+        exit(1);
+    }
 }
 
 /// Fork the program and exec it; in the child this never returns.

@@ -27,6 +27,8 @@ pub const GO_RUN_CGROUP: &[u8] = b"c";
 pub const GO_RUN_RLIMITS: &[u8] = b"r";
 /// How long building the sandbox may take before the helper gives up.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long init may take to send the workspace after the program exited.
+const COLLECT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One line the init process (or the program, before exec) sends the helper.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -167,8 +169,17 @@ pub fn run(
         }
     ));
 
-    let watch = watch(&st_r, spec.limits.timeout_ms, start, report);
-    if watch.timed_out || watch.failed.is_some() || !watch.exited {
+    let max_trailer = spec.collect.map(|l| l.max_stream_bytes());
+    let mut watch = watch(&st_r, spec.limits.timeout_ms, start, report, max_trailer);
+    if max_trailer.is_some()
+        && watch.exited
+        && watch.trailer.is_empty()
+        && report.collect_error.is_none()
+    {
+        report.collect_error = Some("the sandbox sent no workspace".into());
+    }
+    if watch.timed_out || watch.failed.is_some() || !watch.exited || report.collect_error.is_some()
+    {
         // Killing init makes the kernel kill every process of its pid namespace.
         let _ = kill(init_pid, Signal::SIGKILL);
     }
@@ -195,7 +206,8 @@ pub fn run(
     }
     // The caller has all it needs: answer first, then remove the cgroup (rmdir of a memory
     // cgroup can take milliseconds).
-    super::send_report(report);
+    let trailer = std::mem::take(&mut watch.trailer);
+    super::send_report(report, &trailer);
     drop(cgroup);
     Ok(())
 }
@@ -221,10 +233,19 @@ struct Watch {
     exited: bool,
     timed_out: bool,
     failed: Option<StepError>,
+    /// The collected workspace: every byte init sent after its `Exited` line.
+    trailer: Vec<u8>,
 }
 
-/// Read init's messages until it closes the pipe or the deadline passes.
-fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailReport) -> Watch {
+/// Read init's messages until it closes the pipe or the deadline passes. With `max_trailer`
+/// (a collecting run) the bytes after `Exited` are the workspace, at most that many.
+fn watch(
+    st_r: &OwnedFd,
+    timeout_ms: u64,
+    start: Instant,
+    report: &mut JailReport,
+    max_trailer: Option<u64>,
+) -> Watch {
     let mut w = Watch::default();
     // A duplicate fd for reading; the original stays with the caller for poll.
     let mut file = match st_r.try_clone() {
@@ -240,16 +261,24 @@ fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailRepor
     let mut buf: Vec<u8> = Vec::new();
     let mut started: Option<Instant> = None;
     let mut ready = false;
+    let mut collecting: Option<Instant> = None;
+    let mut chunk = vec![0u8; 64 * 1024];
     loop {
-        let deadline = match started {
-            Some(s) => s + Duration::from_millis(timeout_ms),
+        let deadline = match (collecting, started) {
+            (Some(c), _) => c + COLLECT_TIMEOUT,
+            (None, Some(s)) => s + Duration::from_millis(timeout_ms),
             // A warm sandbox waits for its program as long as the pool keeps it.
-            None if ready => Instant::now() + Duration::from_secs(3600),
-            None => start + SETUP_TIMEOUT,
+            (None, None) if ready => Instant::now() + Duration::from_secs(3600),
+            (None, None) => start + SETUP_TIMEOUT,
         };
         let now = Instant::now();
         if now >= deadline {
-            if started.is_some() {
+            if collecting.is_some() {
+                w.trailer.clear();
+                report.collect_error = Some(format!(
+                    "sending the workspace took longer than {COLLECT_TIMEOUT:?}"
+                ));
+            } else if started.is_some() {
                 w.timed_out = true;
                 report.timed_out = true;
                 report.duration_us = duration_us(started);
@@ -276,7 +305,6 @@ fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailRepor
                 return w;
             }
         }
-        let mut chunk = [0u8; 4096];
         let n = match file.read(&mut chunk) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -285,8 +313,20 @@ fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailRepor
         if n == 0 {
             return w;
         }
+        if collecting.is_some() {
+            w.trailer.extend_from_slice(&chunk[..n]);
+            if w.trailer.len() as u64 > max_trailer.unwrap_or(0) {
+                w.trailer.clear();
+                report.collect_error =
+                    Some("the workspace stream is larger than its limits allow".into());
+                return w;
+            }
+            continue;
+        }
         buf.extend_from_slice(&chunk[..n]);
-        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+        while collecting.is_none()
+            && let Some(pos) = buf.iter().position(|&b| b == b'\n')
+        {
             let line: Vec<u8> = buf.drain(..=pos).collect();
             let Ok(msg) = serde_json::from_slice::<Msg>(&line) else {
                 continue;
@@ -325,6 +365,10 @@ fn watch(st_r: &OwnedFd, timeout_ms: u64, start: Instant, report: &mut JailRepor
                     report.cpu_time_ms = Some(cpu_time_ms);
                     report.peak_memory_kb = Some(max_rss_kb);
                     w.exited = true;
+                    if max_trailer.is_some() {
+                        collecting = Some(Instant::now());
+                        w.trailer = std::mem::take(&mut buf);
+                    }
                 }
             }
         }

@@ -56,24 +56,27 @@ pub fn main() -> ! {
     if let Err(e) = run(start, &mut report) {
         report.error = Some(e);
     }
-    let ok = send_report(&report) || REPORT_SENT.load(Ordering::Relaxed);
+    let ok = send_report(&mut report, &[]) || REPORT_SENT.load(Ordering::Relaxed);
     std::process::exit(if ok { 0 } else { 1 })
 }
 
 static REPORT_SENT: AtomicBool = AtomicBool::new(false);
 
-/// Write the report to fd 3 and close it, once: the server answers as soon as it has the
-/// report and the program's output, while the helper goes on cleaning up.
-pub(crate) fn send_report(report: &JailReport) -> bool {
+/// Write the report to fd 3, followed by the collected workspace (`trailer`, framed by
+/// `gearbox_core::tree`) when there is one, and close it, once: the server answers as soon as
+/// it has the report and the program's output, while the helper goes on cleaning up.
+pub(crate) fn send_report(report: &mut JailReport, trailer: &[u8]) -> bool {
     if REPORT_SENT.swap(true, Ordering::Relaxed) {
         return false;
     }
+    report.collected = !trailer.is_empty();
     // SAFETY: fd 3 is the report pipe the server installed before exec; it is owned by this
     // process, used nowhere else, and closed when `out` drops.
     let mut out = unsafe { File::from_raw_fd(REPORT_FD) };
     serde_json::to_vec(report)
         .ok()
         .and_then(|json| out.write_all(&json).ok())
+        .and_then(|()| out.write_all(trailer).ok())
         .is_some()
 }
 

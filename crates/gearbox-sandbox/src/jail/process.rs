@@ -25,11 +25,27 @@ pub fn run(
 ) -> Result<(), StepError> {
     let dir = nix::unistd::mkdtemp("/tmp/gearbox-run-XXXXXX").step("create workspace")?;
     let result = run_in(spec, &files, &dir, start, report);
-    if result.is_ok() {
-        super::send_report(report);
+    if let Ok(trailer) = &result {
+        super::send_report(report, trailer);
     }
     let _ = fs::remove_dir_all(&dir);
-    result
+    result.map(|_| ())
+}
+
+/// The workspace's files as frames, when the spec asks for them and the program was not
+/// stopped by the deadline. The group is dead; a descendant that left it may still write,
+/// but the walk never follows a symlink and stays within the limits.
+fn collect(spec: &JailSpec, work: &Path, report: &JailReport) -> Result<Vec<u8>, StepError> {
+    let Some(limits) = &spec.collect else {
+        return Ok(Vec::new());
+    };
+    if report.timed_out {
+        return Ok(Vec::new());
+    }
+    let root = gearbox_core::tree::open_dir(work).step("collect workspace")?;
+    let mut out = Vec::new();
+    gearbox_core::tree::collect_into(root.as_fd(), limits, &mut out).step("collect workspace")?;
+    Ok(out)
 }
 
 fn run_in(
@@ -38,7 +54,7 @@ fn run_in(
     dir: &Path,
     start: Instant,
     report: &mut JailReport,
-) -> Result<(), StepError> {
+) -> Result<Vec<u8>, StepError> {
     let work = dir.join("work");
     let tmp = dir.join("tmp");
     fs::DirBuilder::new()
@@ -122,7 +138,7 @@ fn run_in(
             let ms = |t: libc::timeval| (t.tv_sec as u64) * 1000 + (t.tv_usec as u64) / 1000;
             report.cpu_time_ms = Some(ms(usage.ru_utime) + ms(usage.ru_stime));
             report.peak_memory_kb = Some(usage.ru_maxrss as u64);
-            Ok(())
+            collect(spec, &work, report)
         }
     }
 }
