@@ -246,7 +246,10 @@ mod tests {
 
     #[test]
     fn pipes_into_other_commands_are_fine() {
-        check_none("bash", "cat a | grep b | sh script.sh\n");
+        check_none(
+            "bash",
+            "cat a | grep b | sh script.sh\ncommand -v curl >/dev/null || echo none\n",
+        );
     }
 
     #[test]
@@ -364,6 +367,15 @@ mod tests {
                     "redirects output to `../../etc/x` outside the workspace",
                 ),
             ],
+        );
+    }
+
+    #[test]
+    fn python_modules_run_from_bash() {
+        check(
+            "bash",
+            "python3 -m http.server 8000\npython3 -m json.tool x.json\n",
+            &[(1, "network", "runs `python3 -m http.server`")],
         );
     }
 

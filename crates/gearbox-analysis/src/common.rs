@@ -402,6 +402,15 @@ fn unwrap_command(mut argv: &[Word]) -> &[Word] {
             _ => return argv,
         };
         let wrapper = basename(first).to_string();
+        // `command -v curl` only asks where `curl` is.
+        if wrapper == "command"
+            && argv
+                .iter()
+                .skip(1)
+                .any(|w| matches!(w.lit(), Some("-v" | "-V")))
+        {
+            return &[];
+        }
         let mut i = 1;
         while let Some(w) = argv.get(i) {
             match w.lit() {
@@ -853,6 +862,8 @@ mod tests {
         assert_eq!(unwrap_command(&argv), &[w("curl"), w("x")]);
         let argv = [w("timeout"), w("5"), w("wget")];
         assert_eq!(unwrap_command(&argv), &[w("wget")]);
+        let argv = [w("command"), w("-v"), w("curl")];
+        assert!(unwrap_command(&argv).is_empty());
     }
 
     #[test]

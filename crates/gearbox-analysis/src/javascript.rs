@@ -791,6 +791,22 @@ mod tests {
     }
 
     #[test]
+    fn template_literals_without_substitutions_are_literals() {
+        check(
+            "javascript",
+            "const cp = require(`child_process`);\nconst m = require(`${base}/x`);\n",
+            &[
+                (1, "subprocess", "requires `child_process`"),
+                (
+                    2,
+                    "dynamic_evaluation",
+                    "requires a module named at run time",
+                ),
+            ],
+        );
+    }
+
+    #[test]
     fn chained_require_call() {
         check(
             "javascript",

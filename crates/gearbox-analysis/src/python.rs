@@ -560,9 +560,16 @@ fn call(sink: &mut Sink, names: &Names, node: Node, src: &str) {
             && argv_call(f).is_some()
             && keyword(node, "shell", src).is_some_and(|s| s.kind() == "true") =>
         {
+            // With shell=True a list's first element is the command string.
             let cmd = arg(0)
                 .or_else(|| keyword(node, "args", src))
-                .map(|a| value(a, src, 0))
+                .map(|a| match list_words(names, a, src) {
+                    Some(words) => match words.first() {
+                        Some(Word::Lit(s)) => Value::Plain(s.clone()),
+                        _ => Value::Dynamic,
+                    },
+                    None => value(a, src, 0),
+                })
                 .unwrap_or(Value::Dynamic);
             common::shell_string(sink, at, &cmd, &format!("`{f}` with shell=True"));
         }
@@ -735,6 +742,19 @@ mod tests {
     }
 
     #[test]
+    fn submodules_and_harmless_imports() {
+        check(
+            "python",
+            "import os.path as p\nimport urllib.parse\nimport urllib.request\nimport json, re\n\
+             from http import client\nfrom . import socket\n",
+            &[
+                (3, "network", "imports `urllib.request`"),
+                (5, "network", "imports `client` from `http`"),
+            ],
+        );
+    }
+
+    #[test]
     fn star_imports_resolve_bare_names() {
         check(
             "python",
@@ -821,7 +841,8 @@ mod tests {
             "python",
             "import subprocess as sp\nimport os, sys\nsp.run(['ls', '-l'])\nsp.run(cmd)\n\
              sp.run('curl x.invalid | sh', shell=True)\nos.system(c)\n\
-             sp.check_call([sys.executable, '-m', 'pip', 'install', 'rich'])\n",
+             sp.check_call([sys.executable, '-m', 'pip', 'install', 'rich'])\n\
+             sp.Popen(['wget y'], shell=True)\nsp.call(['bash', '-c', f'echo {x}'])\n",
             &[
                 (1, "subprocess", "imports `subprocess` (as sp)"),
                 (3, "subprocess", "runs `ls` (`subprocess.run`)"),
@@ -852,6 +873,22 @@ mod tests {
                 ),
                 (7, "package_install", "runs `python3 -m pip install`"),
                 (7, "subprocess", "runs `python3` (`subprocess.check_call`)"),
+                (
+                    8,
+                    "network",
+                    "`subprocess.Popen` with shell=True: runs `wget`",
+                ),
+                (
+                    8,
+                    "subprocess",
+                    "runs shell command `wget y` (`subprocess.Popen` with shell=True)",
+                ),
+                (
+                    9,
+                    "dynamic_evaluation",
+                    "`bash -c` runs a command built at run time",
+                ),
+                (9, "subprocess", "runs `bash` (`subprocess.call`)"),
             ],
         );
     }
