@@ -13,8 +13,7 @@ use crate::{Category, Risk};
 const MAX_FOLD: u32 = 32;
 
 pub(crate) fn analyse(sink: &mut Sink, src: &str) {
-    let Some(tree) = common::parse(tree_sitter_bash::LANGUAGE.into(), src) else {
-        sink.parse_errors = true;
+    let Some(tree) = sink.parse(tree_sitter_bash::LANGUAGE.into(), src) else {
         return;
     };
     let root = tree.root_node();

@@ -3,8 +3,9 @@
 //! other languages for the programs they start.
 
 use std::collections::BTreeSet;
+use std::time::Instant;
 
-use tree_sitter::{Language, Node, Parser, Tree};
+use tree_sitter::{Language, Node, ParseOptions, ParseState, Parser, Tree};
 
 use crate::{Category, Finding, Risk};
 
@@ -20,6 +21,9 @@ pub(crate) struct Sink<'f> {
     file: &'f str,
     pub findings: Vec<Finding>,
     pub parse_errors: bool,
+    /// Parsing was cancelled at the deadline.
+    pub timed_out: bool,
+    deadline: Instant,
     /// While analysing a string nested in other code: where that string is, and what runs it.
     nested: Option<((u32, u32), String)>,
     depth: u8,
@@ -29,11 +33,13 @@ pub(crate) struct Sink<'f> {
 }
 
 impl<'f> Sink<'f> {
-    pub fn new(file: &'f str) -> Sink<'f> {
+    pub fn new(file: &'f str, deadline: Instant) -> Sink<'f> {
         Sink {
             file,
             findings: Vec::new(),
             parse_errors: false,
+            timed_out: false,
+            deadline,
             nested: None,
             depth: 0,
             reported: BTreeSet::new(),
@@ -58,6 +64,28 @@ impl<'f> Sink<'f> {
             what,
             risk,
         });
+    }
+
+    /// Parses `src`. `None` when the parser could not be set up (noted as a parse error) or
+    /// the analysis ran out of time (noted in `timed_out`).
+    pub fn parse(&mut self, language: Language, src: &str) -> Option<Tree> {
+        let mut parser = Parser::new();
+        if parser.set_language(&language).is_err() {
+            self.parse_errors = true;
+            return None;
+        }
+        let deadline = self.deadline;
+        let mut past_deadline = |_: &ParseState| Instant::now() > deadline;
+        let bytes = src.as_bytes();
+        let tree = parser.parse_with_options(
+            &mut |i, _| bytes.get(i..).unwrap_or(&[]),
+            None,
+            Some(ParseOptions::new().progress_callback(&mut past_deadline)),
+        );
+        if tree.is_none() {
+            self.timed_out = true;
+        }
+        tree
     }
 
     /// Marks a module rule reported; false if it already was.
@@ -98,13 +126,6 @@ pub(crate) fn pos(node: Node) -> (u32, u32) {
             .unwrap_or(u32::MAX)
             .saturating_add(1),
     )
-}
-
-/// Parses `src`; `None` only if the parser could not be set up.
-pub(crate) fn parse(language: Language, src: &str) -> Option<Tree> {
-    let mut parser = Parser::new();
-    parser.set_language(&language).ok()?;
-    parser.parse(src, None)
 }
 
 /// Visits every node under `root` (itself included) in document order, without recursion,
@@ -864,6 +885,28 @@ mod tests {
         assert_eq!(unwrap_command(&argv), &[w("wget")]);
         let argv = [w("command"), w("-v"), w("curl")];
         assert!(unwrap_command(&argv).is_empty());
+    }
+
+    #[test]
+    fn parsing_stops_at_the_deadline() {
+        let src = "x = [1, 2, 3]\n".repeat(10_000);
+        let deadline = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let mut sink = Sink::new("main.py", deadline);
+        assert!(
+            sink.parse(tree_sitter_python::LANGUAGE.into(), &src)
+                .is_none()
+        );
+        assert!(sink.timed_out);
+        let mut sink = Sink::new(
+            "main.py",
+            Instant::now() + std::time::Duration::from_secs(60),
+        );
+        assert!(
+            sink.parse(tree_sitter_python::LANGUAGE.into(), &src)
+                .is_some()
+        );
+        assert!(!sink.timed_out);
     }
 
     #[test]

@@ -75,8 +75,7 @@ struct Names {
 }
 
 pub(crate) fn analyse(sink: &mut Sink, src: &str) {
-    let Some(tree) = common::parse(tree_sitter_go::LANGUAGE.into(), src) else {
-        sink.parse_errors = true;
+    let Some(tree) = sink.parse(tree_sitter_go::LANGUAGE.into(), src) else {
         return;
     };
     let root = tree.root_node();

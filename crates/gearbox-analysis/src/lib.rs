@@ -28,7 +28,7 @@
 //! The analysis risk is the highest finding's, `low` without findings, at least `medium`
 //! when a file did not parse cleanly (the parser recovers, but something may be missed), and
 //! `high` when the code was not analysed at all (unknown language, a file over
-//! [`MAX_FILE_BYTES`]).
+//! [`MAX_FILE_BYTES`], parsing past [`MAX_PARSE_TIME`]).
 //!
 //! In Bash every line runs a command, so plain commands (`ls`, `grep`) are not findings;
 //! only network commands, package installs, dynamic evaluation (`eval`, `source "$f"`,
@@ -41,6 +41,7 @@ mod javascript;
 mod python;
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use gearbox_core::Capability;
 use schemars::JsonSchema;
@@ -50,6 +51,11 @@ use serde::{Deserialize, Serialize};
 /// `analysed: false`. 1 MiB is far more than any hand-written snippet and bounds parse time
 /// (about 50 ms at this size).
 pub const MAX_FILE_BYTES: usize = 1024 * 1024;
+
+/// How long parsing a whole submission may take before the analysis gives up and reports
+/// `analysed: false`. Parsing is linear in practice (tens of ms for a 2000-line file); this
+/// bounds pathological inputs and many large files.
+pub const MAX_PARSE_TIME: Duration = Duration::from_secs(5);
 
 /// How risky code looks. Ordered: `Low < Medium < High`.
 #[derive(
@@ -256,18 +262,25 @@ pub fn analyze(language: &str, files: &[(&str, &str)]) -> Analysis {
             src.len()
         ));
     }
+    let deadline = Instant::now() + MAX_PARSE_TIME;
     let mut findings = Vec::new();
     let mut parse_errors = false;
     for (path, src) in files {
         let Some(lang) = language_of(path, language) else {
             continue;
         };
-        let mut sink = common::Sink::new(path);
+        let mut sink = common::Sink::new(path, deadline);
         match lang {
             "python" => python::analyse(&mut sink, src),
             "javascript" => javascript::analyse(&mut sink, src),
             "go" => go::analyse(&mut sink, src),
             _ => bash::analyse(&mut sink, src),
+        }
+        if sink.timed_out {
+            return Analysis::not_analysed(format!(
+                "parsing took longer than {} ms (stopped at {path:?})",
+                MAX_PARSE_TIME.as_millis()
+            ));
         }
         parse_errors |= sink.parse_errors;
         findings.extend(sink.findings);
