@@ -130,7 +130,7 @@ pub(crate) fn pos(node: Node) -> (u32, u32) {
 
 /// Visits every node under `root` (itself included) in document order, without recursion,
 /// so deeply nested code cannot exhaust the stack.
-pub(crate) fn walk(root: Node, mut f: impl FnMut(Node)) {
+pub(crate) fn walk<'t>(root: Node<'t>, mut f: impl FnMut(Node<'t>)) {
     let mut cursor = root.walk();
     loop {
         f(cursor.node());

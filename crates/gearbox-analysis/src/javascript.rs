@@ -157,35 +157,40 @@ pub(crate) fn analyse(sink: &mut Sink, src: &str) {
     };
     let root = tree.root_node();
     sink.parse_errors |= root.has_error();
-    let mut names = Names::default();
-    walk(root, |node| {
-        if node.kind() == "import_statement" {
-            import(sink, &mut names, node, src);
-        }
-    });
-    for _ in 0..2 {
-        walk(root, |node| match node.kind() {
-            "variable_declarator" => bind(
-                &mut names,
-                node.child_by_field_name("name"),
-                node.child_by_field_name("value"),
-                src,
-            ),
-            "assignment_expression" => bind(
-                &mut names,
-                node.child_by_field_name("left"),
-                node.child_by_field_name("right"),
-                src,
-            ),
-            _ => {}
-        });
-    }
+    // One walk sorts out the nodes of interest; imports, then aliases, then calls.
+    let (mut imports, mut bindings, mut uses) = (Vec::new(), Vec::new(), Vec::new());
     walk(root, |node| match node.kind() {
-        "call_expression" => call(sink, &names, node, src, false),
-        "new_expression" => call(sink, &names, node, src, true),
-        "subscript_expression" => subscript(sink, &names, node, src),
+        "import_statement" => imports.push(node),
+        "variable_declarator" | "assignment_expression" => bindings.push(node),
+        "call_expression" | "new_expression" | "subscript_expression" => uses.push(node),
         _ => {}
     });
+    let mut names = Names::default();
+    for node in imports {
+        import(sink, &mut names, node, src);
+    }
+    for _ in 0..2 {
+        for node in &bindings {
+            let (target, value) = if node.kind() == "variable_declarator" {
+                ("name", "value")
+            } else {
+                ("left", "right")
+            };
+            bind(
+                &mut names,
+                node.child_by_field_name(target),
+                node.child_by_field_name(value),
+                src,
+            );
+        }
+    }
+    for node in uses {
+        match node.kind() {
+            "call_expression" => call(sink, &names, node, src, false),
+            "new_expression" => call(sink, &names, node, src, true),
+            _ => subscript(sink, &names, node, src),
+        }
+    }
 }
 
 fn report_import(sink: &mut Sink, node: Node, module: &str, how: String) {

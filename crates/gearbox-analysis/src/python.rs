@@ -155,25 +155,35 @@ pub(crate) fn analyse(sink: &mut Sink, src: &str) {
     };
     let root = tree.root_node();
     sink.parse_errors |= root.has_error();
-    let mut names = Names::default();
+    // One walk sorts out the nodes of interest; imports, then aliases, then calls.
+    let (mut imports, mut assignments, mut uses) = (Vec::new(), Vec::new(), Vec::new());
     walk(root, |node| match node.kind() {
-        "import_statement" => import(sink, &mut names, node, src),
-        "import_from_statement" => import_from(sink, &mut names, node, src),
+        "import_statement" | "import_from_statement" => imports.push(node),
+        "assignment" => assignments.push(node),
+        "call" | "subscript" => uses.push(node),
         _ => {}
     });
+    let mut names = Names::default();
+    for node in imports {
+        if node.kind() == "import_statement" {
+            import(sink, &mut names, node, src);
+        } else {
+            import_from(sink, &mut names, node, src);
+        }
+    }
     // Twice, so that `a = os; b = a.system` resolves whatever the order.
     for _ in 0..2 {
-        walk(root, |node| {
-            if node.kind() == "assignment" {
-                assignment(&mut names, node, src);
-            }
-        });
+        for node in &assignments {
+            assignment(&mut names, *node, src);
+        }
     }
-    walk(root, |node| match node.kind() {
-        "call" => call(sink, &names, node, src),
-        "subscript" => subscript(sink, &names, node, src),
-        _ => {}
-    });
+    for node in uses {
+        if node.kind() == "call" {
+            call(sink, &names, node, src);
+        } else {
+            subscript(sink, &names, node, src);
+        }
+    }
 }
 
 fn dotted(node: Node, src: &str) -> String {
