@@ -375,13 +375,24 @@ fn resolve(names: &Names, node: Node, src: &str, depth: u32) -> Option<String> {
     Some(normalise(&full))
 }
 
+/// `require`, `module.require`, `process.mainModule.require` (unless `require` is rebound).
+fn is_require(names: &Names, func: Node, src: &str) -> bool {
+    match func.kind() {
+        "identifier" => text(func, src) == "require" && !names.aliases.contains_key("require"),
+        "member_expression" => [
+            "module.require",
+            "process.mainModule.require",
+            "globalThis.require",
+        ]
+        .contains(&text(func, src)),
+        _ => false,
+    }
+}
+
 /// The module a `require("x")` or `import("x")` call evaluates to.
 fn required(names: &Names, call: Node, src: &str) -> Option<String> {
     let func = call.child_by_field_name("function")?;
-    let is_require = func.kind() == "identifier"
-        && text(func, src) == "require"
-        && !names.aliases.contains_key("require");
-    if func.kind() != "import" && !is_require {
+    if func.kind() != "import" && !is_require(names, func, src) {
         return None;
     }
     let arg = arguments(call).into_iter().next()?;
@@ -462,9 +473,7 @@ fn call(sink: &mut Sink, names: &Names, node: Node, src: &str, new: bool) {
     let args = arguments(node);
     let arg = |i: usize| args.get(i).copied();
     let at = pos(node);
-    let is_require = func.kind() == "identifier"
-        && text(func, src) == "require"
-        && !names.aliases.contains_key("require");
+    let is_require = is_require(names, func, src);
     if func.kind() == "import" || is_require {
         let how = if is_require { "requires" } else { "imports" };
         match arg(0).map(|a| value(a, src, 0)).unwrap_or(Value::Dynamic) {
@@ -488,6 +497,21 @@ fn call(sink: &mut Sink, names: &Names, node: Node, src: &str, new: bool) {
         return;
     }
     let Some(full) = resolve(names, func, src, 0) else {
+        // `(() => {}).constructor("code")`, `this.constructor.constructor("code")`: the
+        // Function constructor reached through any function.
+        if func.kind() == "member_expression"
+            && func
+                .child_by_field_name("property")
+                .is_some_and(|p| text(p, src) == "constructor")
+        {
+            sink.add(
+                node,
+                DynamicEvaluation,
+                High,
+                "calls a `constructor` (the `Function` constructor, reached through a function)"
+                    .to_string(),
+            );
+        }
         return;
     };
     let f = full.as_str();
@@ -805,6 +829,29 @@ mod tests {
                     2,
                     "dynamic_evaluation",
                     "requires a module named at run time",
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn other_ways_to_require_and_evaluate() {
+        check(
+            "javascript",
+            "module.require('net');\nprocess.mainModule.require('child_process');\n\
+             this.constructor.constructor('return process')();\n(() => {}).constructor('x')();\n",
+            &[
+                (1, "network", "requires `net`"),
+                (2, "subprocess", "requires `child_process`"),
+                (
+                    3,
+                    "dynamic_evaluation",
+                    "calls a `constructor` (the `Function` constructor, reached through a function)",
+                ),
+                (
+                    4,
+                    "dynamic_evaluation",
+                    "calls a `constructor` (the `Function` constructor, reached through a function)",
                 ),
             ],
         );

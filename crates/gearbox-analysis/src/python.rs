@@ -304,8 +304,14 @@ fn resolve(names: &Names, node: Node, src: &str, depth: u32) -> Option<String> {
         }
         match n.kind() {
             "attribute" => {
-                attrs.push(text(n.child_by_field_name("attribute")?, src));
+                attrs.push(text(n.child_by_field_name("attribute")?, src).to_string());
                 n = n.child_by_field_name("object")?;
+            }
+            // `__builtins__["eval"]`, `sys.modules["os"]`: a literal key is an attribute.
+            "subscript" => {
+                let key = value(n.child_by_field_name("subscript")?, src, depth + 1);
+                attrs.push(key.literal()?.to_string());
+                n = n.child_by_field_name("value")?;
             }
             "parenthesized_expression" => n = n.named_child(0)?,
             "identifier" => break name(names, text(n, src))?,
@@ -315,10 +321,16 @@ fn resolve(names: &Names, node: Node, src: &str, depth: u32) -> Option<String> {
     };
     let mut full = base;
     for a in attrs.iter().rev() {
+        if a == "__dict__" {
+            continue;
+        }
         full.push('.');
         full.push_str(a);
     }
-    Some(full)
+    Some(match full.strip_prefix("sys.modules.") {
+        Some(module) => module.to_string(),
+        None => full,
+    })
 }
 
 fn name(names: &Names, id: &str) -> Option<String> {
@@ -705,10 +717,15 @@ fn subscript(sink: &mut Sink, names: &Names, node: Node, src: &str) {
             .is_some_and(|f| {
                 ["builtins.globals", "builtins.locals", "builtins.vars"].contains(&f.as_str())
             }),
-        "attribute" => obj
-            .child_by_field_name("attribute")
-            .is_some_and(|a| text(a, src) == "__dict__"),
-        _ => false,
+        "attribute"
+            if obj
+                .child_by_field_name("attribute")
+                .is_some_and(|a| text(a, src) == "__dict__") =>
+        {
+            true
+        }
+        _ => resolve(names, obj, src, 0)
+            .is_some_and(|o| ["builtins", "sys.modules"].contains(&o.as_str())),
     };
     if namespace && value(key, src, 0) == Value::Dynamic {
         sink.add(
@@ -827,6 +844,30 @@ mod tests {
                     5,
                     "dynamic_evaluation",
                     "looks up a name at run time (`globals()[k]`)",
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn builtins_and_modules_through_subscripts() {
+        check(
+            "python",
+            "__builtins__['eval']('1')\nimport sys\nsys.modules['os'].system('ls')\n\
+             __builtins__.__dict__['exec']('x = 1')\nsys.modules[name]\n__builtins__[k]\nd = {}\nd[k]\n",
+            &[
+                (1, "dynamic_evaluation", "calls `eval`"),
+                (3, "subprocess", "runs shell command `ls` (`os.system`)"),
+                (4, "dynamic_evaluation", "calls `exec`"),
+                (
+                    5,
+                    "dynamic_evaluation",
+                    "looks up a name at run time (`sys.modules[name]`)",
+                ),
+                (
+                    6,
+                    "dynamic_evaluation",
+                    "looks up a name at run time (`__builtins__[k]`)",
                 ),
             ],
         );
