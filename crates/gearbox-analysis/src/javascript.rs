@@ -3,7 +3,7 @@
 //! `Function`, `process.dlopen`) and calls resolved through all of these. `node:` prefixes
 //! are dropped. Aliases are collected over the whole file regardless of scope or order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tree_sitter::Node;
 
@@ -159,10 +159,26 @@ pub(crate) fn analyse(sink: &mut Sink, src: &str) {
     sink.parse_errors |= root.has_error();
     // One walk sorts out the nodes of interest; imports, then aliases, then calls.
     let (mut imports, mut bindings, mut uses) = (Vec::new(), Vec::new(), Vec::new());
+    // `eval` and `Function` anywhere but as a callee (`Reflect.apply(eval, …)`, `[eval][0]`).
+    let mut callees = BTreeSet::new();
+    let mut values = Vec::new();
     walk(root, |node| match node.kind() {
         "import_statement" => imports.push(node),
         "variable_declarator" | "assignment_expression" => bindings.push(node),
-        "call_expression" | "new_expression" | "subscript_expression" => uses.push(node),
+        "call_expression" | "new_expression" | "subscript_expression" => {
+            let callee = node
+                .child_by_field_name("function")
+                .or_else(|| node.child_by_field_name("constructor"));
+            if let Some(c) = callee {
+                callees.insert(c.id());
+            }
+            uses.push(node);
+        }
+        "identifier"
+            if !callees.contains(&node.id()) && ["eval", "Function"].contains(&text(node, src)) =>
+        {
+            values.push(node)
+        }
         _ => {}
     });
     let mut names = Names::default();
@@ -189,6 +205,17 @@ pub(crate) fn analyse(sink: &mut Sink, src: &str) {
             "call_expression" => call(sink, &names, node, src, false),
             "new_expression" => call(sink, &names, node, src, true),
             _ => subscript(sink, &names, node, src),
+        }
+    }
+    for node in values {
+        let id = text(node, src);
+        if !names.aliases.contains_key(id) {
+            sink.add(
+                node,
+                DynamicEvaluation,
+                High,
+                format!("uses `{id}` as a value"),
+            );
         }
     }
 }
@@ -853,6 +880,19 @@ mod tests {
                     "dynamic_evaluation",
                     "calls a `constructor` (the `Function` constructor, reached through a function)",
                 ),
+            ],
+        );
+    }
+
+    #[test]
+    fn evaluators_as_values() {
+        check(
+            "javascript",
+            "Reflect.apply(eval, null, ['1']);\nconst F = Function;\nobj.eval(1);\neval('2');\n",
+            &[
+                (1, "dynamic_evaluation", "uses `eval` as a value"),
+                (2, "dynamic_evaluation", "uses `Function` as a value"),
+                (4, "dynamic_evaluation", "calls `eval`"),
             ],
         );
     }

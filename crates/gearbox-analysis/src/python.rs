@@ -4,7 +4,7 @@
 //! "eval")` is `eval`. Aliases are collected over the whole file regardless of scope or
 //! order, which can only add findings.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tree_sitter::Node;
 
@@ -68,6 +68,18 @@ static RULES: &[Rule] = &[
     rule("types.CodeType", DynamicEvaluation, High),
     rule("pip", PackageInstall, Medium),
     rule("ensurepip", PackageInstall, Medium),
+];
+
+/// Attributes that reach the interpreter's internals, the usual way out of a restricted
+/// namespace (`().__class__.__base__.__subclasses__()`, `f.__globals__["__builtins__"]`).
+const INTERNALS: &[&str] = &[
+    "__subclasses__",
+    "__globals__",
+    "__code__",
+    "__builtins__",
+    "f_globals",
+    "f_locals",
+    "f_builtins",
 ];
 
 /// Builtins the analysis follows.
@@ -157,10 +169,43 @@ pub(crate) fn analyse(sink: &mut Sink, src: &str) {
     sink.parse_errors |= root.has_error();
     // One walk sorts out the nodes of interest; imports, then aliases, then calls.
     let (mut imports, mut assignments, mut uses) = (Vec::new(), Vec::new(), Vec::new());
+    // Identifiers that are not values: callees (their calls are analysed), attribute and
+    // keyword names, definitions, and everything inside an import (parents come first).
+    let mut not_values = BTreeSet::new();
+    let mut values = Vec::new();
+    let mut import_end = 0;
     walk(root, |node| match node.kind() {
-        "import_statement" | "import_from_statement" => imports.push(node),
+        "import_statement" | "import_from_statement" => {
+            import_end = node.end_byte();
+            imports.push(node);
+        }
         "assignment" => assignments.push(node),
-        "call" | "subscript" => uses.push(node),
+        "call" | "subscript" => {
+            if let Some(f) = node.child_by_field_name("function") {
+                not_values.insert(f.id());
+            }
+            uses.push(node);
+        }
+        "attribute" => {
+            if let Some(a) = node.child_by_field_name("attribute") {
+                not_values.insert(a.id());
+                if INTERNALS.contains(&text(a, src)) {
+                    uses.push(node);
+                }
+            }
+        }
+        "keyword_argument" | "function_definition" | "class_definition" => {
+            if let Some(n) = node.child_by_field_name("name") {
+                not_values.insert(n.id());
+            }
+        }
+        "identifier"
+            if node.start_byte() >= import_end
+                && !not_values.contains(&node.id())
+                && ["eval", "exec", "__import__"].contains(&text(node, src)) =>
+        {
+            values.push(node)
+        }
         _ => {}
     });
     let mut names = Names::default();
@@ -178,10 +223,32 @@ pub(crate) fn analyse(sink: &mut Sink, src: &str) {
         }
     }
     for node in uses {
-        if node.kind() == "call" {
-            call(sink, &names, node, src);
-        } else {
-            subscript(sink, &names, node, src);
+        match node.kind() {
+            "call" => call(sink, &names, node, src),
+            "subscript" => subscript(sink, &names, node, src),
+            _ => {
+                let attr = node
+                    .child_by_field_name("attribute")
+                    .map_or("", |a| text(a, src));
+                sink.add(
+                    node,
+                    DynamicEvaluation,
+                    High,
+                    format!("reaches interpreter internals (`.{attr}`)"),
+                );
+            }
+        }
+    }
+    // `map(eval, …)`, `f = exec`: a builtin that evaluates code, passed around as a value.
+    for node in values {
+        let id = text(node, src);
+        if name(&names, id).is_some_and(|full| full == format!("builtins.{id}")) {
+            sink.add(
+                node,
+                DynamicEvaluation,
+                High,
+                format!("uses `{id}` as a value"),
+            );
         }
     }
 }
@@ -868,6 +935,29 @@ mod tests {
                     6,
                     "dynamic_evaluation",
                     "looks up a name at run time (`__builtins__[k]`)",
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn evaluators_as_values_and_interpreter_internals() {
+        check(
+            "python",
+            "list(map(eval, xs))\nf = exec\nobj.eval(1)\ng(eval=2)\ndef exec(): pass\n\
+             ().__class__.__base__.__subclasses__()\nh.__globals__['os']\n",
+            &[
+                (1, "dynamic_evaluation", "uses `eval` as a value"),
+                (2, "dynamic_evaluation", "uses `exec` as a value"),
+                (
+                    6,
+                    "dynamic_evaluation",
+                    "reaches interpreter internals (`.__subclasses__`)",
+                ),
+                (
+                    7,
+                    "dynamic_evaluation",
+                    "reaches interpreter internals (`.__globals__`)",
                 ),
             ],
         );
