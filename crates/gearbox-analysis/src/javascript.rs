@@ -164,6 +164,8 @@ pub(crate) fn analyse(sink: &mut Sink, src: &str) {
     let mut values = Vec::new();
     walk(root, |node| match node.kind() {
         "import_statement" => imports.push(node),
+        // `export * from "net"` loads the module too.
+        "export_statement" if node.child_by_field_name("source").is_some() => imports.push(node),
         "variable_declarator" | "assignment_expression" => bindings.push(node),
         "call_expression" | "new_expression" | "subscript_expression" => {
             let callee = node
@@ -893,6 +895,18 @@ mod tests {
                 (1, "dynamic_evaluation", "uses `eval` as a value"),
                 (2, "dynamic_evaluation", "uses `Function` as a value"),
                 (4, "dynamic_evaluation", "calls `eval`"),
+            ],
+        );
+    }
+
+    #[test]
+    fn re_exports_load_the_module() {
+        check(
+            "javascript",
+            "export * from 'node:net';\nexport { exec } from 'child_process';\nexport const x = 1;\n",
+            &[
+                (1, "network", "imports `node:net`"),
+                (2, "subprocess", "imports `child_process`"),
             ],
         );
     }
