@@ -456,6 +456,20 @@ except OSError as e:
 }
 
 #[tokio::test]
+async fn network_only_when_the_job_is_granted_it() {
+    let Some(sb) = backend().await else { return };
+    // Lists interfaces only: no traffic leaves the machine.
+    let code = "import os\nprint(sorted(os.listdir('/sys/class/net')))";
+    let mut j = job(code);
+    j.network = true;
+    let o = run(&sb, j).await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert!(o.stdout.contains("'eth0'"), "{o:?}");
+    let o = run(&sb, job(code)).await;
+    assert_eq!(o.stdout, "['lo']\n", "{o:?}");
+}
+
+#[tokio::test]
 async fn read_only_root_and_writable_workspace() {
     let Some(sb) = backend().await else { return };
     let code = r#"
