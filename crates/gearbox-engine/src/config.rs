@@ -51,6 +51,10 @@ pub struct Config {
     /// grows on misses up to 8 per language. Default `{ python = 1, javascript = 1,
     /// bash = 1 }`; `{}` disables it. `gearbox run` never uses it.
     pub pool: BTreeMap<String, usize>,
+    /// The `docker` backend: engine address, and per language the image (which must exist:
+    /// gearbox never pulls), command (`{entrypoint}` replaced) and workdir. Default: the
+    /// local engine's socket and `python` in `gearbox/python:bookworm`.
+    pub docker: gearbox_docker::DockerConfig,
 }
 
 /// Back-pressure: a bounded number of concurrent runs and a bounded queue behind them.
@@ -230,6 +234,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             audit: AuditConfig::default(),
             pool: default_pool(),
+            docker: gearbox_docker::DockerConfig::default(),
         }
     }
 }
@@ -244,10 +249,18 @@ fn default_pool() -> BTreeMap<String, usize> {
 impl Config {
     /// Parse TOML text; errors name the offending key.
     pub fn from_toml(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
-        })
+        })?;
+        config
+            .docker
+            .validate()
+            .map_err(|message| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            })?;
+        Ok(config)
     }
 
     /// Read and parse a config file.
@@ -273,6 +286,28 @@ mod tests {
     fn empty_file_gives_defaults() {
         let c = Config::from_toml(Path::new("x.toml"), "").expect("empty is valid");
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn docker_section_parses_and_is_checked() {
+        let c = Config::from_toml(
+            Path::new("x.toml"),
+            "backend = \"docker\"\n[docker]\nhost = \"unix:///run/docker.sock\"\n\
+             [docker.images.javascript]\nimage = \"node:20\"\n\
+             command = [\"node\", \"{entrypoint}\"]\n",
+        )
+        .expect("valid docker section");
+        assert_eq!(c.backend, BackendKind::Docker);
+        assert_eq!(c.docker.images["javascript"].workdir, "/workspace");
+        assert!(
+            !c.docker.images.contains_key("python"),
+            "images replace the default"
+        );
+        let e = Config::from_toml(Path::new("x.toml"), "[docker]\nsocket = \"/x\"\n")
+            .expect_err("unknown key");
+        assert!(e.to_string().contains("socket"), "{e}");
+        let e = Config::from_toml(Path::new("x.toml"), "[docker]\nuid = 0\n").expect_err("root");
+        assert!(e.to_string().contains("docker.uid"), "{e}");
     }
 
     #[test]

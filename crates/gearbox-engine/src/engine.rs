@@ -49,6 +49,11 @@ impl Engine {
             BackendKind::Wasm,
             Arc::new(crate::lazy::LazyWasm::default()),
         );
+        // Connects to the engine on first use only, so registering it costs nothing.
+        backends.insert(
+            BackendKind::Docker,
+            Arc::new(gearbox_docker::DockerSandbox::new(config.docker.clone())),
+        );
         let engine = Engine {
             config,
             pool,
@@ -136,7 +141,18 @@ impl Engine {
         };
         let resolved = match self.resolve(&lang) {
             Ok(r) => r,
-            Err(e) => return Outcome::failed_to_start(&lang, kind.as_str(), e),
+            Err(e) => match (kind, self.languages.get(&lang)) {
+                // The docker backend runs the image's interpreter: the host needs none.
+                (BackendKind::Docker, Some(spec)) => ResolvedLanguage {
+                    name: lang.clone(),
+                    interpreter: PathBuf::from(
+                        spec.interpreters.first().cloned().unwrap_or_default(),
+                    ),
+                    spec: spec.clone(),
+                    mounts: Vec::new(),
+                },
+                _ => return Outcome::failed_to_start(&lang, kind.as_str(), e),
+            },
         };
         let job = match Job::build(&req, &resolved, &self.config.limits) {
             Ok(j) => j,

@@ -116,7 +116,8 @@ struct RunArgs {
     /// Language; taken from the file extension when omitted.
     #[arg(long, short)]
     language: Option<String>,
-    /// Backend: linux (default), wasm (JavaScript in QuickJS), process (no isolation).
+    /// Backend: linux (default), wasm (JavaScript in QuickJS), docker (a container per run,
+    /// images from `[docker]` in the config), process (no isolation).
     #[arg(long)]
     backend: Option<BackendKind>,
     /// Wall-clock limit, e.g. `2s`, `500ms`, `1m`.
