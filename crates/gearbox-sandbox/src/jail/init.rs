@@ -100,12 +100,7 @@ fn collect_workspace(limits: &gearbox_core::CollectLimits, st_w: &OwnedFd) {
     use std::io::Write;
     use std::os::fd::AsFd;
     let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
-    loop {
-        match waitpid(None, Some(WaitPidFlag::__WALL)) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => break,
-        }
-    }
+    while let Ok(_) | Err(nix::errno::Errno::EINTR) = waitpid(None, Some(WaitPidFlag::__WALL)) {}
     let Ok(fd) = st_w.try_clone() else { exit(1) };
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::fs::File::from(fd));
     let sent = gearbox_core::tree::open_dir(std::path::Path::new("/work"))
