@@ -37,7 +37,8 @@ pub struct Config {
     /// MCP tool profiles `gearbox serve` exposes (default `["default"]`): `default`
     /// (`execute_code`), `isolator` (`execute_code` of isolator-mcp), `quickjs`
     /// (`run_javascript_code`), `heroku` (`code_exec_python`), `sidecar` (`execute`,
-    /// `list_packages`). `--profile` on the command line replaces this list.
+    /// `list_packages`), `sessions` (`execute_code` and the session tools). `--profile` on
+    /// the command line replaces this list.
     pub profiles: Vec<ToolProfile>,
     /// How many runs may execute at once and how many may wait (every transport).
     pub concurrency: ConcurrencyConfig,
@@ -51,10 +52,69 @@ pub struct Config {
     /// grows on misses up to 8 per language. Default `{ python = 1, javascript = 1,
     /// bash = 1 }`; `{}` disables it. `gearbox run` never uses it.
     pub pool: BTreeMap<String, usize>,
+    /// Sessions (`sessions` profile): workspaces whose files persist across runs.
+    pub sessions: SessionsConfig,
     /// The `docker` backend: engine address, and per language the image (which must exist:
     /// gearbox never pulls), command (`{entrypoint}` replaced) and workdir. Default: the
     /// local engine's socket and `python` in `gearbox/python:bookworm`.
     pub docker: gearbox_docker::DockerConfig,
+}
+
+/// Session workspaces: where they live, how long an idle one lasts, how big one may get.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsConfig {
+    /// Directory of the session workspaces (created 0700). Default
+    /// `$STATE_DIRECTORY/sessions`, else `/var/lib/gearbox/sessions` as root, else
+    /// `$XDG_STATE_HOME/gearbox/sessions`, else `~/.local/state/gearbox/sessions`.
+    pub dir: Option<PathBuf>,
+    /// Seconds a session may stay unused before it expires and its files are deleted (also
+    /// after a restart). Each run renews it. Default 3600.
+    pub ttl_secs: u64,
+    /// Disk quota of one session in MiB: its files together, and the size of the sandbox's
+    /// workspace in its runs. Default 64.
+    pub quota_mb: u64,
+    /// Most files in one session (count). Default 3000 (the workspace's tmpfs has 64
+    /// inodes per MiB of quota, directories included).
+    pub max_files: usize,
+    /// Most sessions open at once (count). Default 32.
+    pub max_sessions: usize,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            dir: None,
+            ttl_secs: 3600,
+            quota_mb: 64,
+            max_files: 3000,
+            max_sessions: 32,
+        }
+    }
+}
+
+impl SessionsConfig {
+    /// The directory this configuration names.
+    pub fn dir(&self) -> PathBuf {
+        if let Some(d) = &self.dir {
+            return d.clone();
+        }
+        if let Some(d) = std::env::var_os("STATE_DIRECTORY") {
+            return PathBuf::from(d).join("sessions");
+        }
+        // The owner of /proc/self is this process's effective uid.
+        let root = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false);
+        if root {
+            return PathBuf::from("/var/lib/gearbox/sessions");
+        }
+        if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
+            return PathBuf::from(d).join("gearbox/sessions");
+        }
+        let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+        home.join(".local/state/gearbox/sessions")
+    }
 }
 
 /// Back-pressure: a bounded number of concurrent runs and a bounded queue behind them.
@@ -186,6 +246,9 @@ pub enum ToolProfile {
     Heroku,
     /// The Python sidecar: `execute` (`code`, `language`) and `list_packages`.
     Sidecar,
+    /// `execute_code` plus sessions: `exec_open`, `exec_run`, `exec_close`,
+    /// `exec_get_artifact` (files that persist across runs; see `[sessions]`).
+    Sessions,
 }
 
 impl ToolProfile {
@@ -196,6 +259,7 @@ impl ToolProfile {
             ToolProfile::Quickjs => "quickjs",
             ToolProfile::Heroku => "heroku",
             ToolProfile::Sidecar => "sidecar",
+            ToolProfile::Sessions => "sessions",
         }
     }
 }
@@ -215,8 +279,9 @@ impl std::str::FromStr for ToolProfile {
             "quickjs" => Ok(ToolProfile::Quickjs),
             "heroku" => Ok(ToolProfile::Heroku),
             "sidecar" => Ok(ToolProfile::Sidecar),
+            "sessions" => Ok(ToolProfile::Sessions),
             other => Err(format!(
-                "unknown profile {other:?} (expected default, isolator, quickjs, heroku or sidecar)"
+                "unknown profile {other:?} (expected default, isolator, quickjs, heroku, sidecar or sessions)"
             )),
         }
     }
@@ -234,6 +299,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             audit: AuditConfig::default(),
             pool: default_pool(),
+            sessions: SessionsConfig::default(),
             docker: gearbox_docker::DockerConfig::default(),
         }
     }

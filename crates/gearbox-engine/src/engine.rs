@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use gearbox_core::{
-    BackendKind, BackendReport, ExecRequest, Job, LanguageTable, Outcome, ResolvedLanguage, Sandbox,
+    BackendKind, BackendReport, CollectLimits, Collected, ExecRequest, Job, JobFile,
+    LanguageTable, Outcome, ResolvedLanguage, Sandbox,
 };
 use gearbox_sandbox::{LinuxSandbox, PoolStats, ProcessSandbox, WarmPool};
 use serde::Serialize;
@@ -163,6 +164,63 @@ impl Engine {
             Err(e) => {
                 tracing::warn!(backend = %kind, error = %e, "sandbox failed");
                 Outcome::failed_to_start(&lang, kind.as_str(), e.to_string())
+            }
+        }
+    }
+
+    /// Run a request over a session's workspace: `workspace` (the session's files) is
+    /// written into `/work` under the call's own files (a file the call brings, or the
+    /// entrypoint, replaces the session's file of the same path), the workspace's tmpfs is
+    /// capped at the session's quota, and the files the program leaves come back within
+    /// `limits`. The collection is `None` when the program did not run to its end (refused,
+    /// timed out, sandbox failure): the session then stays as it was.
+    pub async fn execute_collecting(
+        &self,
+        req: ExecRequest,
+        backend: Option<BackendKind>,
+        workspace: Vec<JobFile>,
+        limits: CollectLimits,
+    ) -> (Outcome, Option<Collected>) {
+        self.start_pool();
+        let kind = backend.unwrap_or(self.config.backend);
+        let lang = req.language.clone();
+        let Some(sandbox) = self.backends.get(&kind).cloned() else {
+            let reason = format!("backend {kind} is not available in this build");
+            return (Outcome::failed_to_start(&lang, kind.as_str(), reason), None);
+        };
+        let resolved = match self.resolve(&lang) {
+            Ok(r) => r,
+            Err(e) => return (Outcome::failed_to_start(&lang, kind.as_str(), e), None),
+        };
+        let mut job = match Job::build(&req, &resolved, &self.config.limits) {
+            Ok(j) => j,
+            Err(e) => return (Outcome::denied(&lang, kind.as_str(), e), None),
+        };
+        let given: std::collections::HashSet<String> =
+            job.files.iter().map(|f| f.path.clone()).collect();
+        job.files
+            .extend(workspace.into_iter().filter(|f| !given.contains(&f.path)));
+        let bytes: u64 = job.files.iter().map(|f| f.content.len() as u64).sum();
+        if job.files.len() > limits.max_files || bytes > limits.max_bytes {
+            let reason = format!(
+                "the session's files with this call's come to {} files and {bytes} bytes, over \
+                 the session's limits of {} files and {} bytes",
+                job.files.len(),
+                limits.max_files,
+                limits.max_bytes
+            );
+            return (Outcome::denied(&lang, kind.as_str(), reason), None);
+        }
+        let quota_mb = limits.max_bytes.div_ceil(1024 * 1024).max(1);
+        job.limits.disk_mb = job.limits.disk_mb.min(quota_mb);
+        match sandbox.run_collecting(job, limits).await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(backend = %kind, error = %e, "sandbox failed");
+                (
+                    Outcome::failed_to_start(&lang, kind.as_str(), e.to_string()),
+                    None,
+                )
             }
         }
     }

@@ -18,6 +18,7 @@ pub mod limiter;
 pub mod metrics;
 mod resources;
 mod server;
+mod sessions;
 mod snippets;
 mod tools;
 

@@ -100,6 +100,9 @@ pub fn list(engine: &Engine, profiles: &[ToolProfile]) -> Vec<Resource> {
             .with_description("Index of the snippets execute_code can run by snippet_name")
             .with_mime_type("application/json"),
     );
+    if profiles.contains(&ToolProfile::Sessions) {
+        out.extend(crate::sessions::list_resources(engine));
+    }
     if let Some(dir) = engine.config().snippets_dir.as_deref() {
         for s in snippets::list(dir, engine.language_table()) {
             out.push(

@@ -119,6 +119,8 @@ impl GearboxServer {
         }
         profiles.dedup();
         let tools = tools::tools_for(&profiles);
+        let session_tools: Vec<Tool> = tools.iter().map(|(_, t)| t.clone()).collect();
+        crate::sessions::start(&engine, &session_tools);
         let c = &engine.config().concurrency;
         let limiter = Arc::new(Limiter::new(c.running(), c.max_queued));
         GearboxServer {
@@ -135,6 +137,31 @@ impl GearboxServer {
                 caller: opts.caller,
             }),
         }
+    }
+
+    /// A tool call without the sessions' interception, as a named future type: the
+    /// sessions module calls it from inside `call_tool`, which an opaque type could not
+    /// express.
+    pub(crate) fn call_direct(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<CallToolResponse, McpError>> + Send + '_>,
+    > {
+        Box::pin(async move {
+            let Some(kind) = self.kind_of(&request.name) else {
+                return Err(McpError::invalid_params(
+                    format!(
+                        "unknown tool {:?}; this server has: {}",
+                        request.name,
+                        self.tool_names().join(", ")
+                    ),
+                    None,
+                ));
+            };
+            self.call(kind, &request, &ctx).await.map(Into::into)
+        })
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -266,7 +293,7 @@ impl GearboxServer {
             .unwrap_or(self.inner.engine.config().limits.timeout_ms);
         let token = ctx.meta.get_progress_token();
         let started = Instant::now();
-        let run = self.inner.engine.execute(req, backend);
+        let run = crate::sessions::execute(&self.inner.engine, req, backend);
         tokio::pin!(run);
         let period = self.inner.progress_interval;
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -393,6 +420,7 @@ impl GearboxServer {
             ToolKind::ListPackages => {
                 parse::<crate::args::NoArgs>(args).map(|_| tools::prepare_list_packages())
             }
+            ToolKind::Session => Err("session tools are answered by the sessions module".into()),
         };
         let info = self.call_info(&request.name, ctx);
         let outcome = match prepared {
@@ -471,17 +499,10 @@ impl ServerHandler for GearboxServer {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let Some(kind) = self.kind_of(&request.name) else {
-            return Err(McpError::invalid_params(
-                format!(
-                    "unknown tool {:?}; this server has: {}",
-                    request.name,
-                    self.tool_names().join(", ")
-                ),
-                None,
-            ));
-        };
-        self.call(kind, &request, &ctx).await.map(Into::into)
+        if let Some(answer) = crate::sessions::intercept(self, &request, &ctx).await {
+            return answer;
+        }
+        self.call_direct(request, ctx).await
     }
 
     async fn list_resources(
@@ -500,9 +521,11 @@ impl ServerHandler for GearboxServer {
         _request: Option<PaginatedRequestParams>,
         _ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        Ok(ListResourceTemplatesResult::with_all_items(
-            resources::templates(),
-        ))
+        let mut templates = resources::templates();
+        if self.inner.profiles.contains(&ToolProfile::Sessions) {
+            templates.extend(crate::sessions::templates());
+        }
+        Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
 
     async fn read_resource(
@@ -521,6 +544,10 @@ impl ServerHandler for GearboxServer {
                 ResourceContents::text(resources::env_text(&doc), uri)
             };
             ReadResourceResult::new(vec![contents])
+        } else if crate::sessions::is_session_uri(uri)
+            && self.inner.profiles.contains(&ToolProfile::Sessions)
+        {
+            crate::sessions::read_resource(&self.inner.engine, uri)?
         } else {
             resources::read_snippets(&self.inner.engine, uri)?
         };

@@ -21,6 +21,8 @@ pub enum ToolKind {
     CodeExecPython,
     SidecarExecute,
     ListPackages,
+    /// `exec_open`, `exec_run`, `exec_close`, `exec_get_artifact` (see `sessions.rs`).
+    Session,
 }
 
 /// The result of `code_exec_python` (heroku profile): the shape of `subprocess.run`.
@@ -77,6 +79,13 @@ pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
             }
             ToolProfile::Heroku => {
                 push(ToolKind::CodeExecPython, portable(code_exec_python_tool()));
+            }
+            ToolProfile::Sessions => {
+                let exec = portable(execute_code_tool());
+                push(ToolKind::ExecuteCode, exec.clone());
+                for tool in crate::sessions::tools(&exec) {
+                    push(ToolKind::Session, portable(tool));
+                }
             }
             ToolProfile::Sidecar => {
                 push(ToolKind::SidecarExecute, portable(sidecar_execute_tool()));

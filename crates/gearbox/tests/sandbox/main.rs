@@ -7,4 +7,5 @@
 
 mod escape;
 mod exec;
+mod sessions;
 mod support;

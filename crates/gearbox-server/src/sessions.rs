@@ -1,0 +1,705 @@
+//! Sessions over MCP: `exec_open`, `exec_run`, `exec_close`, `exec_get_artifact`,
+//! `session_id` on `execute_code`, and the resources `gearbox://sessions/{id}/files/{path}`.
+//!
+//! A session run is an ordinary `execute_code` call (same validation, gear, limiter, audit)
+//! made inside a [`Scope`] naming the session: the engine call at the bottom of the server's
+//! run path ([`execute`]) sees the scope and runs over the session's workspace instead
+//! (`Engine::execute_collecting`), then writes back what the program left. The store lives
+//! in `gearbox-sessions`; this module only maps tools and resources onto it.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use base64::Engine as _;
+use gearbox_core::{BackendKind, ExecRequest, Outcome};
+use gearbox_engine::Engine;
+use gearbox_engine::config::SessionsConfig;
+use gearbox_sessions::{FileChange, SessionId, SessionStore, StoreError, StoreOptions};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, JsonObject,
+    ReadResourceResult, Resource, ResourceContents, ResourceTemplate, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::GearboxServer;
+use crate::args::parse;
+
+pub const EXEC_OPEN: &str = "exec_open";
+pub const EXEC_RUN: &str = "exec_run";
+pub const EXEC_CLOSE: &str = "exec_close";
+pub const EXEC_GET_ARTIFACT: &str = "exec_get_artifact";
+/// URI prefix of session files: `gearbox://sessions/{id}/files/{path}`.
+pub const SESSIONS_PREFIX: &str = "gearbox://sessions/";
+pub const FILES_TEMPLATE: &str = "gearbox://sessions/{id}/files/{path}";
+/// Bytes `exec_get_artifact` returns when the call does not say.
+pub const DEFAULT_ARTIFACT_BYTES: u64 = 64 * 1024;
+/// Most bytes one `exec_get_artifact` call or resource read returns.
+pub const MAX_ARTIFACT_BYTES: u64 = 1024 * 1024;
+/// Most session files `resources/list` names (the template reaches all of them).
+const MAX_LISTED_FILES: usize = 500;
+
+/// Arguments of `exec_open`: none.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecOpenArgs {}
+
+/// Arguments of `exec_close`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecCloseArgs {
+    /// The session to close.
+    pub session_id: String,
+    /// Keep the session's files after closing (readable with `exec_get_artifact` and as
+    /// resources, no longer runnable, never expiring). Default false: delete them.
+    pub persist: Option<bool>,
+}
+
+/// Arguments of `exec_get_artifact`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecGetArtifactArgs {
+    /// The session holding the file.
+    pub session_id: String,
+    /// Path of the file relative to the workspace (`/work`), as listed in `files_changed`.
+    pub path: String,
+    /// Byte offset to start from (default 0); use `next_offset` of the previous page.
+    pub offset: Option<u64>,
+    /// Most bytes to return (default 65536, at most 1048576).
+    pub max_bytes: Option<u64>,
+}
+
+/// What `exec_open` returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Opened {
+    pub session_id: String,
+    /// Where the session's files are inside the sandbox (the working directory).
+    pub workspace: String,
+    /// When the session expires if unused (RFC 3339); each run renews it.
+    pub expires_at: Option<String>,
+    pub quota_bytes: u64,
+    pub max_files: usize,
+}
+
+/// What a session run adds to the outcome.
+#[derive(Debug, Clone, Default, Serialize)]
+struct RunReport {
+    session_id: String,
+    /// Files the run created, modified or deleted (path, change, size, sha256).
+    files_changed: Vec<FileChange>,
+    /// False when the workspace stayed as it was (timeout, refusal, over the quota).
+    workspace_saved: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    skipped: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+/// The session a call runs in.
+struct Scope {
+    store: Arc<SessionStore>,
+    id: SessionId,
+    report: Mutex<Option<RunReport>>,
+}
+
+tokio::task_local! {
+    static SCOPE: Arc<Scope>;
+}
+
+/// The options of the store `cfg` describes.
+pub fn store_options(cfg: &SessionsConfig) -> StoreOptions {
+    StoreOptions {
+        dir: cfg.dir(),
+        ttl: Duration::from_secs(cfg.ttl_secs.max(1)),
+        quota_bytes: cfg.quota_mb.max(1) * 1024 * 1024,
+        max_files: cfg.max_files.max(1),
+        max_sessions: cfg.max_sessions.max(1),
+    }
+}
+
+/// The store of `engine`'s configuration: one per directory in this process, shared by
+/// every server of the process (stdio, each HTTP session). Opening it cleans what a crash
+/// left and starts the expiry sweeper.
+pub fn store(engine: &Engine) -> Result<Arc<SessionStore>, String> {
+    static STORES: OnceLock<Mutex<HashMap<PathBuf, Arc<SessionStore>>>> = OnceLock::new();
+    let opts = store_options(&engine.config().sessions);
+    let mut stores = STORES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = stores.get(&opts.dir) {
+        return Ok(s.clone());
+    }
+    let period = (opts.ttl / 4).clamp(Duration::from_millis(500), Duration::from_secs(60));
+    let s =
+        SessionStore::open(opts.clone()).map_err(|e| format!("sessions are not available: {e}"))?;
+    if tokio::runtime::Handle::try_current().is_ok() {
+        s.spawn_sweeper(period);
+    }
+    stores.insert(opts.dir, s.clone());
+    Ok(s)
+}
+
+/// Open the store at start-up when the session tools are served, so a crash's leftovers
+/// and expired sessions go now rather than at first use.
+pub fn start(engine: &Engine, tools: &[Tool]) {
+    if tools.iter().any(|t| t.name == EXEC_OPEN)
+        && let Err(e) = store(engine)
+    {
+        tracing::warn!(error = %e, "session store");
+    }
+}
+
+fn session_tool(name: &'static str, title: &str, description: &str) -> Tool {
+    Tool::new(name, description.to_string(), Arc::new(JsonObject::new())).with_title(title)
+}
+
+fn annotations(title: &str, read_only: bool, destructive: bool) -> ToolAnnotations {
+    let mut a = ToolAnnotations::new()
+        .read_only(read_only)
+        .destructive(destructive)
+        .idempotent(read_only)
+        .open_world(false);
+    a.title = Some(title.to_string());
+    a
+}
+
+/// The four session tools. `exec_run`'s schema is `execute_code`'s with `session_id`.
+pub fn tools(execute_code: &Tool) -> Vec<Tool> {
+    let mut run_schema = execute_code.input_schema.as_ref().clone();
+    if let Some(Value::Object(props)) = run_schema.get_mut("properties") {
+        props.insert(
+            "session_id".into(),
+            json!({"type": "string", "description": "The session whose workspace the run uses (from exec_open)."}),
+        );
+    }
+    let mut required: Vec<Value> = run_schema
+        .get("required")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    required.push(json!("session_id"));
+    run_schema.insert("required".into(), Value::Array(required));
+    let mut run = session_tool(
+        EXEC_RUN,
+        "Run code in a session",
+        "Run a program in a fresh sandbox over a session's workspace: the files earlier runs \
+         of the session left in /work are there, and the files this run leaves are kept for \
+         the next. Arguments as execute_code, plus session_id. Returns the outcome plus \
+         files_changed (created, modified, deleted: path, size, sha256). A run that times \
+         out leaves the workspace as it was.",
+    )
+    .with_annotations(annotations("Run code in a session", false, false));
+    run.input_schema = Arc::new(run_schema);
+    run.output_schema = execute_code.output_schema.clone();
+    vec![
+        session_tool(
+            EXEC_OPEN,
+            "Open a session",
+            "Open a session: a workspace whose files persist across exec_run calls (each run \
+             is still a fresh sandbox). Returns session_id, the workspace path, expires_at \
+             (idle sessions expire; each run renews it) and the quota. Close it with \
+             exec_close.",
+        )
+        .with_input_schema::<ExecOpenArgs>()
+        .with_output_schema::<Opened>()
+        .with_annotations(annotations("Open a session", false, false)),
+        run,
+        session_tool(
+            EXEC_CLOSE,
+            "Close a session",
+            "Close a session and delete its files, or keep them with persist: true (readable, \
+             no longer runnable).",
+        )
+        .with_input_schema::<ExecCloseArgs>()
+        .with_annotations(annotations("Close a session", false, true)),
+        session_tool(
+            EXEC_GET_ARTIFACT,
+            "Get a session file",
+            "Read a file of a session's workspace: text inline, binary as base64 plus an \
+             embedded resource; large files in pages (offset, max_bytes; next_offset says \
+             where to continue). Also readable as the resource \
+             gearbox://sessions/{id}/files/{path}.",
+        )
+        .with_input_schema::<ExecGetArtifactArgs>()
+        .with_annotations(annotations("Get a session file", true, false)),
+    ]
+}
+
+fn tool_error(message: impl Into<String>) -> CallToolResponse {
+    let message = message.into();
+    let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
+    r.structured_content = Some(json!({ "error": message }));
+    r.into()
+}
+
+fn ok(value: Value, text: String) -> CallToolResponse {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = Some(value);
+    r.into()
+}
+
+fn file_uri(id: &SessionId, path: &str) -> String {
+    format!("{SESSIONS_PREFIX}{id}/files/{path}")
+}
+
+/// Handle a session tool, or a session run of `execute_code`; `None` for any other call.
+pub async fn intercept(
+    server: &GearboxServer,
+    request: &CallToolRequestParams,
+    ctx: &RequestContext<RoleServer>,
+) -> Option<Result<CallToolResponse, McpError>> {
+    let name: &str = &request.name;
+    let args = request.arguments.as_ref();
+    let has_session = args.is_some_and(|a| a.contains_key("session_id"));
+    let is_session_tool = [EXEC_OPEN, EXEC_RUN, EXEC_CLOSE, EXEC_GET_ARTIFACT].contains(&name);
+    if !is_session_tool && !(name == "execute_code" && has_session) {
+        return None;
+    }
+    if server.get_tool(name).is_none() {
+        return None;
+    }
+    let store = match store(server.engine()) {
+        Ok(s) => s,
+        Err(e) => return Some(Ok(tool_error(e))),
+    };
+    Some(Ok(match name {
+        EXEC_OPEN => match parse::<ExecOpenArgs>(args) {
+            Err(e) => tool_error(e),
+            Ok(_) => match store.create() {
+                Err(e) => tool_error(e.to_string()),
+                Ok(info) => {
+                    let opened = Opened {
+                        session_id: info.session_id.clone(),
+                        workspace: info.workspace.clone(),
+                        expires_at: info.expires_at.clone(),
+                        quota_bytes: info.quota_bytes,
+                        max_files: info.max_files,
+                    };
+                    let text = format!(
+                        "session {} opened: workspace {}, expires {} unless used, quota {} bytes",
+                        opened.session_id,
+                        opened.workspace,
+                        opened.expires_at.as_deref().unwrap_or("never"),
+                        opened.quota_bytes
+                    );
+                    ok(serde_json::to_value(&opened).unwrap_or_default(), text)
+                }
+            },
+        },
+        EXEC_CLOSE => match parse::<ExecCloseArgs>(args) {
+            Err(e) => tool_error(e),
+            Ok(a) => match SessionId::parse("session_id", &a.session_id) {
+                Err(e) => tool_error(e),
+                Ok(id) => {
+                    let persist = a.persist.unwrap_or(false);
+                    match store.close(&id, persist) {
+                        Err(e) => tool_error(e.to_string()),
+                        Ok(info) => ok(
+                            json!({"session_id": id.to_string(), "closed": true, "persist": persist, "files": info.files, "bytes": info.bytes}),
+                            if persist {
+                                format!("session {id} closed; its {} files are kept", info.files)
+                            } else {
+                                format!("session {id} closed and deleted")
+                            },
+                        ),
+                    }
+                }
+            },
+        },
+        EXEC_GET_ARTIFACT => match parse::<ExecGetArtifactArgs>(args) {
+            Err(e) => tool_error(e),
+            Ok(a) => get_artifact(&store, a),
+        },
+        _ => return Some(run(server, store, request, ctx).await),
+    }))
+}
+
+/// `exec_run` or `execute_code` with `session_id`: the same call without `session_id`, as
+/// `execute_code`, inside the session's scope.
+async fn run(
+    server: &GearboxServer,
+    store: Arc<SessionStore>,
+    request: &CallToolRequestParams,
+    ctx: &RequestContext<RoleServer>,
+) -> Result<CallToolResponse, McpError> {
+    let mut args = request.arguments.clone().unwrap_or_default();
+    let raw = args.remove("session_id");
+    let id = match raw.as_ref().map(|v| v.as_str()) {
+        Some(Some(s)) => match SessionId::parse("session_id", s) {
+            Ok(id) => id,
+            Err(e) => return Ok(tool_error(e)),
+        },
+        Some(None) => return Ok(tool_error("session_id: expected a string")),
+        None => {
+            return Ok(tool_error(
+                "session_id: missing; open a session with exec_open",
+            ));
+        }
+    };
+    match store.info(&id) {
+        Err(e) => return Ok(tool_error(e.to_string())),
+        Ok(i) if i.closed => return Ok(tool_error(StoreError::Closed(id).to_string())),
+        Ok(_) => {}
+    }
+    let mut inner = request.clone();
+    inner.name = "execute_code".into();
+    inner.arguments = Some(args);
+    let scope = Arc::new(Scope {
+        store,
+        id,
+        report: Mutex::new(None),
+    });
+    let call: Pin<Box<dyn Future<Output = Result<CallToolResponse, McpError>> + Send + '_>> =
+        server.call_direct(inner, ctx.clone());
+    let response = SCOPE.scope(scope.clone(), call).await?;
+    let report = scope
+        .report
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .unwrap_or_else(|| RunReport {
+            session_id: id.to_string(),
+            note: Some("nothing ran; the workspace is unchanged".into()),
+            ..Default::default()
+        });
+    Ok(match response {
+        CallToolResponse::Complete(mut r) => {
+            if let Some(Value::Object(map)) = r.structured_content.as_mut()
+                && let Ok(Value::Object(extra)) = serde_json::to_value(&report)
+            {
+                map.extend(extra);
+            }
+            r.content.push(ContentBlock::text(describe(&report)));
+            CallToolResponse::Complete(r)
+        }
+        other => other,
+    })
+}
+
+fn describe(r: &RunReport) -> String {
+    let mut s = format!("--- session {} ---\n", r.session_id);
+    if !r.workspace_saved {
+        s.push_str("workspace unchanged");
+        if let Some(n) = &r.note {
+            s.push_str(&format!(": {n}"));
+        }
+        s.push('\n');
+        return s;
+    }
+    if r.files_changed.is_empty() {
+        s.push_str("no files changed\n");
+    }
+    for c in &r.files_changed {
+        let kind = serde_json::to_value(c.change).unwrap_or_default();
+        s.push_str(&format!(
+            "{} {} ({} bytes)\n",
+            kind.as_str().unwrap_or("changed"),
+            c.path,
+            c.size
+        ));
+    }
+    if !r.skipped.is_empty() {
+        s.push_str(&format!("not kept: {}\n", r.skipped.join(", ")));
+    }
+    s
+}
+
+/// The engine call of the server's run path: over the session's workspace when the call is
+/// inside a session's scope, else a plain run.
+pub fn execute(
+    engine: &Arc<Engine>,
+    req: ExecRequest,
+    backend: Option<BackendKind>,
+) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'static>> {
+    let engine = engine.clone();
+    let scope = SCOPE.try_with(Arc::clone).ok();
+    Box::pin(async move {
+        match scope {
+            None => engine.execute(req, backend).await,
+            Some(scope) => run_in_session(&engine, &scope, req, backend).await,
+        }
+    })
+}
+
+async fn run_in_session(
+    engine: &Engine,
+    scope: &Scope,
+    req: ExecRequest,
+    backend: Option<BackendKind>,
+) -> Outcome {
+    let backend_name = backend.unwrap_or(engine.config().backend).to_string();
+    let mut report = RunReport {
+        session_id: scope.id.to_string(),
+        ..Default::default()
+    };
+    let refuse = |e: StoreError| Outcome::denied(&req.language, &backend_name, e.to_string());
+    let guard = match scope.store.begin_run(&scope.id).await {
+        Ok(g) => g,
+        Err(e) => return refuse(e),
+    };
+    let files = match scope.store.workspace_files(&guard) {
+        Ok(f) => f,
+        Err(e) => return refuse(e),
+    };
+    let limits = scope.store.limits();
+    let (mut outcome, collected) = engine.execute_collecting(req, backend, files, limits).await;
+    match collected {
+        None => {
+            report.note = Some(
+                outcome
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "the run did not end by itself".into()),
+            );
+        }
+        Some(c) => {
+            report.skipped = c.summary.skipped.clone();
+            match scope.store.apply(&guard, &c) {
+                Ok(changes) => {
+                    report.files_changed = changes;
+                    report.workspace_saved = true;
+                }
+                Err(e) => {
+                    let text = format!("workspace not saved: {e}");
+                    report.note = Some(text.clone());
+                    outcome.reason = Some(match outcome.reason.take() {
+                        Some(r) => format!("{r}; {text}"),
+                        None => text,
+                    });
+                }
+            }
+        }
+    }
+    *scope.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+    outcome
+}
+
+fn get_artifact(store: &SessionStore, a: ExecGetArtifactArgs) -> CallToolResponse {
+    let id = match SessionId::parse("session_id", &a.session_id) {
+        Ok(id) => id,
+        Err(e) => return tool_error(e),
+    };
+    let max = a.max_bytes.unwrap_or(DEFAULT_ARTIFACT_BYTES);
+    if max == 0 || max > MAX_ARTIFACT_BYTES {
+        return tool_error(format!(
+            "max_bytes: {max} is out of range 1..={MAX_ARTIFACT_BYTES}"
+        ));
+    }
+    let art = match store.read(&id, &a.path, a.offset.unwrap_or(0), max) {
+        Ok(x) => x,
+        Err(e) => return tool_error(e.to_string()),
+    };
+    let uri = file_uri(&id, &art.path);
+    let (text, used) = utf8_prefix(&art.content);
+    let binary = text.is_none();
+    let length = if binary { art.content.len() } else { used };
+    let next = art.offset + length as u64;
+    let more = next < art.size;
+    let mut value = json!({
+        "session_id": id.to_string(),
+        "path": art.path,
+        "uri": uri,
+        "size": art.size,
+        "offset": art.offset,
+        "length": length,
+        "more": more,
+        "encoding": if binary { "base64" } else { "utf8" },
+    });
+    if more {
+        value["next_offset"] = json!(next);
+    }
+    let mut content = Vec::new();
+    match text {
+        Some(t) => {
+            value["content"] = json!(t);
+            content.push(ContentBlock::text(t.to_string()));
+        }
+        None => {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(&art.content);
+            value["content"] = json!(b64);
+            content.push(ContentBlock::text(format!(
+                "{}: binary, {} bytes from offset {} of {} (base64 in the embedded resource)",
+                art.path, length, art.offset, art.size
+            )));
+            content.push(ContentBlock::resource(
+                ResourceContents::blob(b64, uri).with_mime_type("application/octet-stream"),
+            ));
+        }
+    }
+    if more {
+        content.push(ContentBlock::text(format!(
+            "[{} more bytes: call again with offset {next}]",
+            art.size - next
+        )));
+    }
+    let mut r = CallToolResult::success(content);
+    r.structured_content = Some(value);
+    r.into()
+}
+
+/// The slice as text when it is UTF-8, allowing a character cut at the end of a page (the
+/// cut bytes start the next page). `None` for binary content.
+fn utf8_prefix(bytes: &[u8]) -> (Option<&str>, usize) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) if !s.contains('\0') => (Some(s), bytes.len()),
+        Ok(_) => (None, bytes.len()),
+        Err(e) if e.error_len().is_none() && e.valid_up_to() + 4 > bytes.len() => {
+            let s = std::str::from_utf8(&bytes[..e.valid_up_to()]).ok();
+            match s {
+                Some(s) if !s.is_empty() && !s.contains('\0') => (Some(s), e.valid_up_to()),
+                _ => (None, bytes.len()),
+            }
+        }
+        Err(_) => (None, bytes.len()),
+    }
+}
+
+/// Percent-decode a URI component strictly (`%XX` only); the result is validated as a
+/// workspace path afterwards, so `%2e%2e` is refused like `..`.
+fn percent_decode(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("bad percent escape in {s:?}"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{s:?} does not decode to UTF-8"))
+}
+
+/// Whether `uri` is a session resource.
+pub fn is_session_uri(uri: &str) -> bool {
+    uri.starts_with(SESSIONS_PREFIX)
+}
+
+/// `resources/read` of `gearbox://sessions/{id}/files/{path}` (and `gearbox://sessions/{id}`
+/// for the manifest).
+pub fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceResult, McpError> {
+    let not_found = |m: String| McpError::resource_not_found(m, Some(json!({ "uri": uri })));
+    let store = store(engine).map_err(not_found)?;
+    let rest = uri.strip_prefix(SESSIONS_PREFIX).unwrap_or_default();
+    let (id, path) = match rest.split_once('/') {
+        Some((id, tail)) => (id, Some(tail)),
+        None => (rest, None),
+    };
+    let id = SessionId::parse("session id", id).map_err(not_found)?;
+    match path {
+        None => {
+            let files = store.files(&id).map_err(|e| not_found(e.to_string()))?;
+            let body = json!({ "session_id": id.to_string(), "files": files });
+            Ok(ReadResourceResult::new(vec![
+                ResourceContents::text(body.to_string(), uri).with_mime_type("application/json"),
+            ]))
+        }
+        Some(tail) => {
+            let Some(encoded) = tail.strip_prefix("files/") else {
+                return Err(not_found(format!(
+                    "no resource {uri:?}; try {FILES_TEMPLATE}"
+                )));
+            };
+            let path = percent_decode(encoded).map_err(not_found)?;
+            let art = store
+                .read(&id, &path, 0, MAX_ARTIFACT_BYTES)
+                .map_err(|e| not_found(e.to_string()))?;
+            if art.more() {
+                return Err(McpError::invalid_params(
+                    format!(
+                        "{path:?} is {} bytes, more than {MAX_ARTIFACT_BYTES}: read it in pages with {EXEC_GET_ARTIFACT}",
+                        art.size
+                    ),
+                    Some(json!({ "uri": uri })),
+                ));
+            }
+            let contents = match std::str::from_utf8(&art.content) {
+                Ok(t) => ResourceContents::text(t, uri),
+                Err(_) => ResourceContents::blob(
+                    base64::engine::general_purpose::STANDARD.encode(&art.content),
+                    uri,
+                )
+                .with_mime_type("application/octet-stream"),
+            };
+            Ok(ReadResourceResult::new(vec![contents]))
+        }
+    }
+}
+
+/// The files of every open session, as resources (at most a few hundred; the template
+/// reaches the rest).
+pub fn list_resources(engine: &Engine) -> Vec<Resource> {
+    let Ok(store) = store(engine) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for s in store.list() {
+        let Ok(id) = SessionId::parse("id", &s.session_id) else {
+            continue;
+        };
+        let Ok(files) = store.files(&id) else {
+            continue;
+        };
+        for (path, entry) in files {
+            if out.len() >= MAX_LISTED_FILES {
+                return out;
+            }
+            out.push(
+                Resource::new(file_uri(&id, &path), path.clone())
+                    .with_description(format!("file of session {id}"))
+                    .with_size(entry.size),
+            );
+        }
+    }
+    out
+}
+
+/// The template of session files.
+pub fn templates() -> Vec<ResourceTemplate> {
+    vec![
+        ResourceTemplate::new(FILES_TEMPLATE, "session-file")
+            .with_title("Session file")
+            .with_description(
+                "A file of a session's workspace (PATH relative to /work); text or base64 blob",
+            ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding_is_strict_and_validated_later() {
+        assert_eq!(percent_decode("a%20b").as_deref(), Ok("a b"));
+        assert_eq!(percent_decode("%2e%2e/etc").as_deref(), Ok("../etc"));
+        assert!(gearbox_core::validate_relative_path("p", "../etc").is_err());
+        assert!(percent_decode("%zz").is_err());
+        assert!(percent_decode("%2").is_err());
+        assert!(percent_decode("%ff").is_err());
+    }
+
+    #[test]
+    fn text_pages_do_not_split_characters() {
+        let s = "aé".as_bytes();
+        assert_eq!(utf8_prefix(&s[..2]), (Some("a"), 1));
+        assert_eq!(utf8_prefix(s), (Some("aé"), 3));
+        assert_eq!(utf8_prefix(&[0xff, 0xfe, 0, 1]).0, None);
+        assert_eq!(utf8_prefix(b"a\0b").0, None);
+    }
+}
