@@ -27,6 +27,9 @@ bash scripts/setup-wasm.sh
 # The official MCP Python SDK (end-to-end tests) in .venv.
 bash scripts/setup-e2e.sh
 
+# Package installers run outside the sandbox for `packages`: uv (PyPI) and npm.
+bash scripts/setup-packages.sh
+
 # Downstream MCP servers used by broker tests, from npm.
 if [ -f tests/npm/package.json ]; then
     (cd tests/npm && npm install --no-audit --no-fund --silent)

@@ -60,6 +60,10 @@ pub struct ExecRequest {
     /// Host paths the server (never the caller) mounts read-only at the same place: package
     /// layers, the broker's per-run socket directory.
     pub mounts: Vec<PathBuf>,
+    /// Packages the program imports (`six`, `numpy==2.*`, `is-number@^7`): the engine
+    /// installs them outside the sandbox into a cached layer, adds the layer to `mounts` and
+    /// its path to the environment before the job is built.
+    pub packages: Vec<String>,
 }
 
 /// A file a backend writes into the workspace before the program starts.

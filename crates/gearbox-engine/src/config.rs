@@ -52,6 +52,9 @@ pub struct Config {
     /// grows on misses up to 8 per language. Default `{ python = 1, javascript = 1,
     /// bash = 1 }`; `{}` disables it. `gearbox run` never uses it.
     pub pool: BTreeMap<String, usize>,
+    /// Packages a call may ask for (`packages`): installed outside the sandbox by uv, pip or
+    /// npm into cached read-only layers. See `docs/PACKAGES.md`.
+    pub packages: gearbox_packages::PackagesConfig,
     /// Sessions (`sessions` profile): workspaces whose files persist across runs.
     pub sessions: SessionsConfig,
     /// The `docker` backend: engine address, and per language the image (which must exist:
@@ -299,6 +302,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             audit: AuditConfig::default(),
             pool: default_pool(),
+            packages: Default::default(),
             sessions: SessionsConfig::default(),
             docker: gearbox_docker::DockerConfig::default(),
         }

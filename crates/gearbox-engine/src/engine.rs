@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use gearbox_core::{
-    BackendKind, BackendReport, CollectLimits, Collected, ExecRequest, Job, JobFile,
-    LanguageTable, Outcome, ResolvedLanguage, Sandbox,
+    BackendKind, BackendReport, CollectLimits, Collected, ExecRequest, Job, JobFile, LanguageTable,
+    Outcome, ResolvedLanguage, Sandbox,
 };
 use gearbox_sandbox::{LinuxSandbox, PoolStats, ProcessSandbox, WarmPool};
 use serde::Serialize;
@@ -33,6 +33,7 @@ pub struct Engine {
     languages: LanguageTable,
     resolved: Mutex<HashMap<String, Result<ResolvedLanguage, String>>>,
     backends: HashMap<BackendKind, Arc<dyn Sandbox>>,
+    packages: crate::packages::Packages,
 }
 
 impl Engine {
@@ -50,12 +51,14 @@ impl Engine {
             BackendKind::Wasm,
             Arc::new(crate::lazy::LazyWasm::default()),
         );
+        let packages = crate::packages::Packages::new(config.packages.clone());
         // Connects to the engine on first use only, so registering it costs nothing.
         backends.insert(
             BackendKind::Docker,
             Arc::new(gearbox_docker::DockerSandbox::new(config.docker.clone())),
         );
         let engine = Engine {
+            packages,
             config,
             pool,
             pool_started: std::sync::Once::new(),
@@ -104,6 +107,11 @@ impl Engine {
         &self.config
     }
 
+    /// Package layers (`ExecRequest.packages`).
+    pub fn packages(&self) -> &crate::packages::Packages {
+        &self.packages
+    }
+
     pub fn language_table(&self) -> &LanguageTable {
         &self.languages
     }
@@ -129,7 +137,7 @@ impl Engine {
 
     /// Run a request to completion. Every failure is an outcome: refusals are `denied`,
     /// a sandbox that could not start is `error` with the reason.
-    pub async fn execute(&self, req: ExecRequest, backend: Option<BackendKind>) -> Outcome {
+    pub async fn execute(&self, mut req: ExecRequest, backend: Option<BackendKind>) -> Outcome {
         self.start_pool();
         let kind = backend.unwrap_or(self.config.backend);
         let lang = req.language.clone();
@@ -155,12 +163,23 @@ impl Engine {
                 _ => return Outcome::failed_to_start(&lang, kind.as_str(), e),
             },
         };
+        let layer = match self
+            .packages
+            .attach(&mut req, &resolved, kind.as_str())
+            .await
+        {
+            Ok(l) => l,
+            Err(o) => return o,
+        };
         let job = match Job::build(&req, &resolved, &self.config.limits) {
             Ok(j) => j,
             Err(e) => return Outcome::denied(&lang, kind.as_str(), e),
         };
         match sandbox.run(job).await {
-            Ok(outcome) => outcome,
+            Ok(mut outcome) => {
+                crate::packages::account(&mut outcome, layer.as_ref());
+                outcome
+            }
             Err(e) => {
                 tracing::warn!(backend = %kind, error = %e, "sandbox failed");
                 Outcome::failed_to_start(&lang, kind.as_str(), e.to_string())
@@ -176,7 +195,7 @@ impl Engine {
     /// timed out, sandbox failure): the session then stays as it was.
     pub async fn execute_collecting(
         &self,
-        req: ExecRequest,
+        mut req: ExecRequest,
         backend: Option<BackendKind>,
         workspace: Vec<JobFile>,
         limits: CollectLimits,
@@ -191,6 +210,14 @@ impl Engine {
         let resolved = match self.resolve(&lang) {
             Ok(r) => r,
             Err(e) => return (Outcome::failed_to_start(&lang, kind.as_str(), e), None),
+        };
+        let layer = match self
+            .packages
+            .attach(&mut req, &resolved, kind.as_str())
+            .await
+        {
+            Ok(l) => l,
+            Err(o) => return (o, None),
         };
         let mut job = match Job::build(&req, &resolved, &self.config.limits) {
             Ok(j) => j,
@@ -214,7 +241,10 @@ impl Engine {
         let quota_mb = limits.max_bytes.div_ceil(1024 * 1024).max(1);
         job.limits.disk_mb = job.limits.disk_mb.min(quota_mb);
         match sandbox.run_collecting(job, limits).await {
-            Ok(done) => done,
+            Ok(mut done) => {
+                crate::packages::account(&mut done.0, layer.as_ref());
+                done
+            }
             Err(e) => {
                 tracing::warn!(backend = %kind, error = %e, "sandbox failed");
                 (

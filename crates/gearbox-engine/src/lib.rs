@@ -8,7 +8,10 @@
 pub mod config;
 mod engine;
 mod lazy;
+mod packages;
 
 pub use config::{Config, ConfigError};
 pub use engine::{Engine, LanguageInfo};
+pub use gearbox_packages;
 pub use gearbox_sandbox::PoolStats;
+pub use packages::Packages;

@@ -44,6 +44,11 @@ pub struct ExecuteCodeArgs {
     pub timeout_ms: Option<u64>,
     /// Memory limit in MiB; may only lower the configured maximum.
     pub memory_mb: Option<u64>,
+    /// Packages the code imports, installed before the run (outside the sandbox, cached):
+    /// Python requirements such as `numpy==2.*` or `attrs>=22`, npm packages such as
+    /// `is-number@^7`. Names and versions only: URLs, paths and installer options are
+    /// refused. The server's safety gear decides whether packages may be installed.
+    pub packages: Option<Vec<String>>,
     /// Isolation backend (default: the configured one).
     pub backend: Option<BackendKind>,
 }
@@ -62,10 +67,12 @@ pub struct RunJavascriptArgs {
 pub struct CodeExecPythonArgs {
     /// Python source to run.
     pub code: String,
-    /// Packages to install with pip before the run. Not enabled yet: a non-empty list is
-    /// refused with an error.
+    /// Packages to install before the run (`requests`, `numpy==2.*`): installed outside the
+    /// sandbox into a cached, read-only layer on the import path. Names and versions only.
     pub packages: Option<Vec<String>>,
-    /// Accepted for compatibility; every run already gets a fresh, private directory.
+    /// Accepted for compatibility and always true in effect: every run gets a fresh, private
+    /// working directory, and packages go to their own layer, never into a shared
+    /// environment.
     pub use_temp_dir: Option<bool>,
 }
 

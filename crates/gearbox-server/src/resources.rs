@@ -3,6 +3,8 @@
 //! - `gearbox://env` (JSON) and `env://info` (the same as plain text, the sidecar's name):
 //!   languages with their versions, backend, limits, workspace layout, tool profiles.
 //! - `gearbox://snippets` (JSON index) and `gearbox://snippets/{name}` (a snippet's source).
+//! - `gearbox://packages/{language}` (JSON): what `language` imports without `packages`, the
+//!   cached package layers, and the package policy.
 
 use gearbox_engine::Engine;
 use gearbox_engine::config::ToolProfile;
@@ -17,6 +19,8 @@ pub const ENV_INFO_URI: &str = "env://info";
 pub const SNIPPETS_URI: &str = "gearbox://snippets";
 pub const SNIPPET_PREFIX: &str = "gearbox://snippets/";
 pub const SNIPPET_TEMPLATE: &str = "gearbox://snippets/{name}";
+pub const PACKAGES_PREFIX: &str = "gearbox://packages/";
+pub const PACKAGES_TEMPLATE: &str = "gearbox://packages/{language}";
 
 /// Working directory and workspace of every run, as the program sees it.
 pub const WORKSPACE_DIR: &str = "/work";
@@ -94,6 +98,22 @@ pub fn list(engine: &Engine, profiles: &[ToolProfile]) -> Vec<Resource> {
                 .with_mime_type("text/plain"),
         );
     }
+    for language in ["python", "javascript"] {
+        if engine.language_table().get(language).is_some() {
+            out.push(
+                Resource::new(
+                    format!("{PACKAGES_PREFIX}{language}"),
+                    format!("packages-{language}"),
+                )
+                .with_title(format!("{language} packages"))
+                .with_description(format!(
+                    "What {language} code imports without `packages`, and the package \
+                         layers cached on this server"
+                ))
+                .with_mime_type("application/json"),
+            );
+        }
+    }
     out.push(
         Resource::new(SNIPPETS_URI, "snippets")
             .with_title("Snippets")
@@ -123,7 +143,65 @@ pub fn templates() -> Vec<ResourceTemplate> {
             .with_title("Snippet source")
             .with_description("Source of the snippet NAME, runnable with execute_code snippet_name")
             .with_mime_type("text/plain"),
+        ResourceTemplate::new(PACKAGES_TEMPLATE, "packages")
+            .with_title("Packages of a language")
+            .with_description(
+                "What LANGUAGE (python, javascript) imports without `packages`, the cached \
+                 package layers, and the package policy",
+            )
+            .with_mime_type("application/json"),
     ]
+}
+
+/// The program that lists what Python imports by default (host side, same interpreter and
+/// /usr as the sandbox).
+const DEFAULT_PYTHON: &str = "import json, pkgutil, sys\nimport importlib.metadata as md\n\
+d = sorted({(x.metadata['Name'] or '').lower(): {'name': x.metadata['Name'], 'version': x.version} \
+for x in md.distributions() if x.metadata['Name']}.values(), key=lambda v: v['name'].lower())\n\
+m = set(sys.builtin_module_names) | {i.name for i in pkgutil.iter_modules() if not i.name.startswith('_')}\n\
+print(json.dumps({'version': sys.version.split()[0], 'distributions': d, 'modules': sorted(m)}))\n";
+const DEFAULT_NODE: &str = "console.log(JSON.stringify({version: process.version, \
+builtin_modules: require('module').builtinModules.filter(m => !m.startsWith('_'))}))";
+
+/// `gearbox://packages/{language}`.
+pub fn packages_document(engine: &Engine, language: &str) -> Result<Value, String> {
+    let table = engine.language_table();
+    let resolved = table.resolve(language)?;
+    let (args, var) = match language {
+        "python" => (vec!["-s", "-c", DEFAULT_PYTHON], "PYTHONPATH"),
+        "javascript" => (vec!["-e", DEFAULT_NODE], "NODE_PATH"),
+        other => {
+            return Err(format!(
+                "{other} has no package support (python and javascript do)"
+            ));
+        }
+    };
+    let out = std::process::Command::new(&resolved.interpreter)
+        .args(&args)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .output()
+        .map_err(|e| format!("running {}: {e}", resolved.interpreter.display()))?;
+    let default: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let cfg = &engine.config().packages;
+    Ok(json!({
+        "language": language,
+        "interpreter": resolved.interpreter,
+        "default": default,
+        "layers": engine.package_layers(Some(language)),
+        "how": format!(
+            "pass packages (e.g. {}) to execute_code; they are installed outside the sandbox \
+             into a cached read-only layer put on {var}; identical lists reuse the layer",
+            if language == "python" { "[\"attrs\", \"numpy==2.*\"]" } else { "[\"is-number@^7\"]" }
+        ),
+        "policy": {
+            "enabled": cfg.enabled,
+            "allow_urls": cfg.allow_urls,
+            "allow_sdist": cfg.allow_sdist,
+            "python_index_urls": cfg.python_index_urls,
+            "npm_registry": cfg.npm_registry,
+        },
+    }))
 }
 
 /// Read a resource other than the environment (which needs the cached language list).
@@ -135,6 +213,14 @@ pub fn read_snippets(engine: &Engine, uri: &str) -> Result<ReadResourceResult, M
         let body = json!({ "snippets_dir": dir, "snippets": index });
         return Ok(ReadResourceResult::new(vec![
             ResourceContents::text(body.to_string(), uri).with_mime_type("application/json"),
+        ]));
+    }
+    if let Some(language) = uri.strip_prefix(PACKAGES_PREFIX) {
+        let doc = packages_document(engine, language)
+            .map_err(|e| McpError::resource_not_found(e, Some(json!({ "uri": uri }))))?;
+        return Ok(ReadResourceResult::new(vec![
+            ResourceContents::text(serde_json::to_string_pretty(&doc).unwrap_or_default(), uri)
+                .with_mime_type("application/json"),
         ]));
     }
     if let Some(name) = uri.strip_prefix(SNIPPET_PREFIX) {

@@ -457,7 +457,7 @@ impl GearboxServer {
         );
         Ok(match kind {
             ToolKind::CodeExecPython => tools::heroku_result(&outcome),
-            ToolKind::ListPackages => tools::packages_result(&outcome),
+            ToolKind::ListPackages => tools::packages_result(&self.inner.engine, &outcome),
             _ => tools::outcome_result(&outcome),
         })
     }

@@ -51,6 +51,10 @@ pub struct PackageList {
     pub distributions: Vec<Distribution>,
     /// Importable top-level modules, the standard library included.
     pub modules: Vec<String>,
+    /// Package layers already installed on this server (calls with the same `packages`
+    /// start without installing), most recently used first.
+    #[serde(default)]
+    pub layers: Vec<gearbox_engine::gearbox_packages::LayerInfo>,
 }
 
 const EXECUTE_CODE_DESCRIPTION: &str = "Run a program in a fresh, isolated sandbox and return \
@@ -133,8 +137,11 @@ fn code_exec_python_tool() -> Tool {
     Tool::new(
         "code_exec_python",
         "Execute Python code in a fresh sandbox and return {returncode, stdout, stderr}. \
-         `packages` (pip install before the run) is not enabled on this server yet; \
-         `use_temp_dir` is accepted and always true in effect.",
+         `packages` (e.g. [\"requests\", \"numpy==2.*\"]) are installed before the run, \
+         outside the sandbox, into a cached read-only layer on the import path (the first \
+         install of a set takes seconds, later runs reuse it); the server's safety gear \
+         decides whether installs are allowed. `use_temp_dir` is accepted and always true in \
+         effect: every run gets a fresh private directory. No network during the run.",
         empty_schema(),
     )
     .with_title("Execute Python")
@@ -160,8 +167,9 @@ fn list_packages_tool() -> Tool {
     Tool::new(
         "list_packages",
         "List the Python distributions installed for the sandbox's interpreter (name and \
-         version, like `pip list`) and its importable top-level modules. Gathered by running \
-         Python in the sandbox, so it is exactly what `execute` can import.",
+         version, like `pip list`) and its importable top-level modules, gathered by running \
+         Python in the sandbox (exactly what runs without `packages` can import), and the \
+         package layers cached on this server.",
         empty_schema(),
     )
     .with_title("List Python packages")
@@ -337,6 +345,7 @@ pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
             },
             network: false,
             mounts: Vec::new(),
+            packages: a.packages.unwrap_or_default(),
         },
         backend: a.backend,
     }
@@ -355,21 +364,15 @@ pub fn prepare_run_javascript(engine: &Engine, a: RunJavascriptArgs) -> Prepared
     }
 }
 
-/// `code_exec_python`; packages are refused until the packages feature exists.
-pub fn prepare_code_exec_python(engine: &Engine, a: CodeExecPythonArgs) -> Prepared {
-    if a.packages.as_ref().is_some_and(|p| !p.is_empty()) {
-        return Prepared::Refused(Outcome::denied(
-            "python",
-            engine.config().backend.as_str(),
-            "packages: installing packages is not enabled on this gearbox server yet; \
-             call again without packages (the standard library and preinstalled packages \
-             are available)",
-        ));
-    }
-    // Every run already gets a fresh, private directory: `use_temp_dir` changes nothing.
+/// `code_exec_python`: `packages` become the run's package layer (the gear decides).
+pub fn prepare_code_exec_python(_engine: &Engine, a: CodeExecPythonArgs) -> Prepared {
+    // Every run already gets a fresh, private directory and packages their own layer:
+    // `use_temp_dir` changes nothing.
     let _ = a.use_temp_dir;
+    let mut request = simple_request("python", a.code);
+    request.packages = a.packages.unwrap_or_default();
     Prepared::Run {
-        request: simple_request("python", a.code),
+        request,
         backend: None,
     }
 }
@@ -456,17 +459,18 @@ pub fn heroku_result(o: &Outcome) -> CallToolResult {
     r
 }
 
-/// `list_packages`' result from the run of [`LIST_PACKAGES_PY`].
-pub fn packages_result(o: &Outcome) -> CallToolResult {
+/// `list_packages`' result from the run of [`LIST_PACKAGES_PY`] and the cached layers.
+pub fn packages_result(engine: &Engine, o: &Outcome) -> CallToolResult {
     if o.is_ok()
-        && let Ok(list) = serde_json::from_str::<PackageList>(o.stdout.trim())
+        && let Ok(mut list) = serde_json::from_str::<PackageList>(o.stdout.trim())
     {
+        list.layers = engine.package_layers(Some("python"));
         let names: Vec<String> = list
             .distributions
             .iter()
             .map(|d| format!("{}=={}", d.name, d.version))
             .collect();
-        let text = format!(
+        let mut text = format!(
             "Python {}\ninstalled distributions ({}): {}\nimportable top-level modules: {}\n",
             list.python,
             names.len(),
@@ -477,6 +481,19 @@ pub fn packages_result(o: &Outcome) -> CallToolResult {
             },
             list.modules.len()
         );
+        text.push_str(&format!("cached package layers: {}\n", list.layers.len()));
+        for l in &list.layers {
+            let pkgs: Vec<String> = l
+                .packages
+                .iter()
+                .map(|p| format!("{}=={}", p.name, p.version))
+                .collect();
+            text.push_str(&format!(
+                "  packages={:?}: {}\n",
+                l.requirements,
+                pkgs.join(", ")
+            ));
+        }
         let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
         r.structured_content = serde_json::to_value(&list).ok();
         return r;

