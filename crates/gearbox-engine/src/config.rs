@@ -34,6 +34,11 @@ pub struct Config {
     pub languages: BTreeMap<String, LanguageSpec>,
     /// Directory of named snippets (`NAME.py`, `NAME.js`, ...) that calls may run by name.
     pub snippets_dir: Option<PathBuf>,
+    /// Downstream MCP servers (`[[targets]]`) whose tools sandboxed code may call
+    /// (`execute_code` with `allow_tools`) and the `broker` profile lists. See docs/BROKER.md.
+    pub targets: Vec<gearbox_broker::TargetConfig>,
+    /// `[broker]`: limits (defaults and maxima) of code-mode runs, the channels' directory.
+    pub broker: gearbox_broker::BrokerConfig,
     /// MCP tool profiles `gearbox serve` exposes (default `["default"]`): `default`
     /// (`execute_code`), `isolator` (`execute_code` of isolator-mcp), `quickjs`
     /// (`run_javascript_code`), `heroku` (`code_exec_python`), `sidecar` (`execute`,
@@ -252,6 +257,9 @@ pub enum ToolProfile {
     /// `execute_code` plus sessions: `exec_open`, `exec_run`, `exec_close`,
     /// `exec_get_artifact` (files that persist across runs; see `[sessions]`).
     Sessions,
+    /// Discovery of the downstream servers of `[[targets]]`: `servers_list`,
+    /// `server_tools_list`, `tool_info`, `tool_stubs`.
+    Broker,
 }
 
 impl ToolProfile {
@@ -263,6 +271,7 @@ impl ToolProfile {
             ToolProfile::Heroku => "heroku",
             ToolProfile::Sidecar => "sidecar",
             ToolProfile::Sessions => "sessions",
+            ToolProfile::Broker => "broker",
         }
     }
 }
@@ -283,8 +292,10 @@ impl std::str::FromStr for ToolProfile {
             "heroku" => Ok(ToolProfile::Heroku),
             "sidecar" => Ok(ToolProfile::Sidecar),
             "sessions" => Ok(ToolProfile::Sessions),
+            "broker" => Ok(ToolProfile::Broker),
             other => Err(format!(
-                "unknown profile {other:?} (expected default, isolator, quickjs, heroku, sidecar or sessions)"
+                "unknown profile {other:?} (expected default, isolator, quickjs, heroku, sidecar, \
+                 sessions or broker)"
             )),
         }
     }
@@ -297,6 +308,8 @@ impl Default for Config {
             limits: Limits::default(),
             languages: BTreeMap::new(),
             snippets_dir: None,
+            targets: Vec::new(),
+            broker: gearbox_broker::BrokerConfig::default(),
             profiles: vec![ToolProfile::Default],
             concurrency: ConcurrencyConfig::default(),
             http: HttpConfig::default(),

@@ -51,6 +51,21 @@ pub struct ExecuteCodeArgs {
     pub packages: Option<Vec<String>>,
     /// Isolation backend (default: the configured one).
     pub backend: Option<BackendKind>,
+    /// Let the code call these downstream tools: `server/tool` names, globs allowed
+    /// (`everything/*`). Python: `import gearbox; gearbox.call_tool(server, tool, {...})` or
+    /// `from tools import SERVER` (typed stubs); Node: `require("gearbox").callTool(...)`.
+    /// See `servers_list` and `tool_stubs`. The run's result lists the calls (`tool_calls`).
+    pub allow_tools: Option<Vec<String>>,
+    /// Milliseconds after which tool calls are refused; also caps the run's `timeout_ms`.
+    /// Only with `allow_tools`; default and maximum from the server's `[broker]`.
+    pub wall_clock_ms: Option<u64>,
+    /// Milliseconds one tool call may take (it is cancelled past it). Only with `allow_tools`.
+    pub per_call_ms: Option<u64>,
+    /// Tool calls the code may make. Only with `allow_tools`.
+    pub max_calls: Option<u32>,
+    /// KiB of one tool result given to the code; a larger result becomes an artifact (the
+    /// code gets a preview and its id). Only with `allow_tools`.
+    pub max_output_kb: Option<u64>,
 }
 
 /// Arguments of `run_javascript_code` (quickjs profile).

@@ -13,6 +13,7 @@
 
 mod args;
 pub mod audit;
+mod broker;
 pub mod http;
 pub mod limiter;
 pub mod metrics;
@@ -79,6 +80,7 @@ impl Default for ServeOptions {
 /// Runs still going when the client leaves are cancelled, which kills their sandboxes.
 pub async fn serve_stdio(engine: Arc<Engine>, opts: ServeOptions) -> anyhow::Result<()> {
     let server = GearboxServer::new(engine, opts);
+    server.broker_startup()?;
     tracing::info!(tools = ?server.tool_names(), "serving MCP over stdio");
     let running = server
         .clone()

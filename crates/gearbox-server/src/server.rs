@@ -47,6 +47,8 @@ struct Inner {
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
     audit: Option<Arc<AuditLog>>,
+    /// The downstream servers of `[[targets]]` (code mode), or why they are unusable.
+    broker: Result<Option<gearbox_broker::Broker>, String>,
     /// Transport and caller when the request does not say (stdio).
     transport: &'static str,
     caller: String,
@@ -123,6 +125,7 @@ impl GearboxServer {
         crate::sessions::start(&engine, &session_tools);
         let c = &engine.config().concurrency;
         let limiter = Arc::new(Limiter::new(c.running(), c.max_queued));
+        let broker = crate::broker::from_config(engine.config());
         GearboxServer {
             inner: Arc::new(Inner {
                 engine,
@@ -133,6 +136,7 @@ impl GearboxServer {
                 limiter,
                 metrics: Arc::new(Metrics::new()),
                 audit: opts.audit,
+                broker,
                 transport: opts.transport,
                 caller: opts.caller,
             }),
@@ -160,6 +164,18 @@ impl GearboxServer {
                     None,
                 ));
             };
+            if let ToolKind::Broker(tool) = kind {
+                let args = request.arguments.as_ref();
+                return Ok(crate::broker::discovery(self.broker(), tool, args)
+                    .await
+                    .into());
+            }
+            if kind == ToolKind::ExecuteCode {
+                let call = async { self.call(kind, &request, &ctx).await.map(Into::into) };
+                let max_timeout_ms = self.inner.engine.config().limits.timeout_ms;
+                return crate::broker::with_tools(self.broker(), max_timeout_ms, &request, call)
+                    .await;
+            }
             self.call(kind, &request, &ctx).await.map(Into::into)
         })
     }
@@ -240,6 +256,20 @@ impl GearboxServer {
         self.record(r, info).await;
     }
 
+    /// The downstream servers, when `[[targets]]` configures some and they are valid.
+    fn broker(&self) -> Option<&gearbox_broker::Broker> {
+        self.inner.broker.as_ref().ok().and_then(Option::as_ref)
+    }
+
+    /// An error when `[[targets]]` is invalid (a `${VAR}` not set, a bad name): serving
+    /// must not start.
+    pub fn broker_startup(&self) -> anyhow::Result<()> {
+        match &self.inner.broker {
+            Ok(_) => Ok(()),
+            Err(e) => Err(anyhow::anyhow!("{e}")),
+        }
+    }
+
     /// Names of the tools this server exposes, in order.
     pub fn tool_names(&self) -> Vec<String> {
         self.inner
@@ -286,6 +316,8 @@ impl GearboxServer {
         backend: Option<BackendKind>,
         ctx: &RequestContext<RoleServer>,
     ) -> Option<Outcome> {
+        let mut req = req;
+        crate::broker::apply(&mut req);
         let language = req.language.clone();
         let timeout_ms = req
             .limits
@@ -421,6 +453,8 @@ impl GearboxServer {
                 parse::<crate::args::NoArgs>(args).map(|_| tools::prepare_list_packages())
             }
             ToolKind::Session => Err("session tools are answered by the sessions module".into()),
+            // Answered in call_direct, before this point.
+            ToolKind::Broker(_) => Err("a discovery tool takes no run".into()),
         };
         let info = self.call_info(&request.name, ctx);
         let outcome = match prepared {

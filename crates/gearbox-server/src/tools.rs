@@ -23,6 +23,8 @@ pub enum ToolKind {
     ListPackages,
     /// `exec_open`, `exec_run`, `exec_close`, `exec_get_artifact` (see `sessions.rs`).
     Session,
+    /// A discovery tool of the `broker` profile.
+    Broker(crate::broker::BrokerTool),
 }
 
 /// The result of `code_exec_python` (heroku profile): the shape of `subprocess.run`.
@@ -94,6 +96,11 @@ pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
             ToolProfile::Sidecar => {
                 push(ToolKind::SidecarExecute, portable(sidecar_execute_tool()));
                 push(ToolKind::ListPackages, list_packages_tool());
+            }
+            ToolProfile::Broker => {
+                for (b, tool) in crate::broker::tools() {
+                    push(ToolKind::Broker(b), tool);
+                }
             }
         }
     }

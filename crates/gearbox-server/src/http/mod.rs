@@ -453,6 +453,7 @@ pub async fn serve(
     state: AppState,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    state.server.broker_startup()?;
     let cfg = state.config.clone();
     let router = app(state.clone());
     let connections = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
