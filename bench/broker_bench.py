@@ -120,7 +120,7 @@ async def main() -> None:
                     {"language": "python", "code": SNIPPET.format(n=args.calls),
                      "allow_tools": ["everything/echo"], "max_calls": args.calls},
                 )
-                out = res.structuredContent or {}
+                out = res.structured_content or {}
                 if out.get("status") != "ok":
                     raise SystemExit(f"run failed: {text_of(res)}")
                 lat.extend(json.loads(out["stdout"]))
