@@ -260,12 +260,12 @@ pub async fn intercept(
     let args = request.arguments.as_ref();
     let has_session = args.is_some_and(|a| a.contains_key("session_id"));
     let is_session_tool = [EXEC_OPEN, EXEC_RUN, EXEC_CLOSE, EXEC_GET_ARTIFACT].contains(&name);
-    if !is_session_tool && !(name == "execute_code" && has_session) {
+    let session_run = name == "execute_code" && has_session;
+    if !(is_session_tool || session_run) {
         return None;
     }
-    if server.get_tool(name).is_none() {
-        return None;
-    }
+    // Only tools this server exposes (the `sessions` profile).
+    server.get_tool(name)?;
     let store = match store(server.engine()) {
         Ok(s) => s,
         Err(e) => return Some(Ok(tool_error(e))),
