@@ -52,7 +52,8 @@ def processes_with(marker: str) -> list[int]:
 class Server:
     """`gearbox serve` with a snippets dir and the given extra arguments."""
 
-    def __init__(self, gearbox: str, *args: str):
+    def __init__(self, gearbox: str, *args: str, elicitation_callback=None):
+        self.elicitation_callback = elicitation_callback
         self.tmp = tempfile.TemporaryDirectory(prefix="gearbox-e2e-")
         snippets = Path(self.tmp.name) / "snippets"
         snippets.mkdir()
@@ -67,7 +68,7 @@ class Server:
     async def __aenter__(self) -> ClientSession:
         self._stdio = stdio_client(self.params)
         read, write = await self._stdio.__aenter__()
-        self._session = ClientSession(read, write)
+        self._session = ClientSession(read, write, elicitation_callback=self.elicitation_callback)
         session = await self._session.__aenter__()
         await session.initialize()
         return session
@@ -309,12 +310,64 @@ async def concurrency_and_cancel(gearbox: str) -> None:
         check("server serves after a cancel", (r.structured_content or {}).get("stdout") == "alive\n")
 
 
+async def gears_and_elicitation(gearbox: str) -> None:
+    """The user_confirmed gear asks through the SDK's elicitation callback."""
+    from mcp import types
+
+    asked: list[str] = []
+
+    def answering(action: str, approve: bool):
+        async def callback(context, params):
+            asked.append(params.message)
+            if action == "accept":
+                return types.ElicitResult(action="accept", content={"approve": approve})
+            return types.ElicitResult(action=action)
+
+        return callback
+
+    code = "exec('print(6*7)')"
+    for action, approve, want in [
+        ("accept", True, "ok"),
+        ("accept", False, "denied"),
+        ("decline", False, "denied"),
+        ("cancel", False, "denied"),
+    ]:
+        asked.clear()
+        async with Server(
+            gearbox, "--gear", "user_confirmed", elicitation_callback=answering(action, approve)
+        ) as s:
+            r = await s.call_tool("execute_code", {"language": "python", "code": code})
+            st = r.structuredContent or {}
+            check(
+                f"elicitation {action} approve={approve} -> {want}",
+                st.get("status") == want and len(asked) == 1,
+                f"{st} asked={asked}",
+            )
+            if want == "ok":
+                check("approved run printed", st.get("stdout") == "42\n", str(st))
+                check(
+                    "question names the finding",
+                    "main.py:1" in asked[0] and "dynamic" in asked[0],
+                    asked[0],
+                )
+    async with Server(gearbox, "--gear", "restricted") as s:
+        r = await s.call_tool(
+            "execute_code", {"language": "python", "code": "import socket\nsocket.socket()"}
+        )
+        st = r.structuredContent or {}
+        check(
+            "restricted refuses detected network with findings",
+            st.get("status") == "denied" and "main.py:1" in (st.get("reason") or ""),
+            str(st),
+        )
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gearbox", default=str(ROOT / "target" / "debug" / "gearbox"))
     ap.add_argument("--skip-cancel", action="store_true", help="skip the cancellation check")
     opts = ap.parse_args()
-    groups = [languages_and_layout, argument_errors, snippets, profiles]
+    groups = [languages_and_layout, argument_errors, snippets, profiles, gears_and_elicitation]
     if not opts.skip_cancel:
         groups.append(concurrency_and_cancel)
     for group in groups:

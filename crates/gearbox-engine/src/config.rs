@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use gearbox_core::{BackendKind, LanguageSpec, Limits};
+use gearbox_core::{BackendKind, Gear, LanguageSpec, Limits};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -57,15 +57,23 @@ pub struct Config {
     /// grows on misses up to 8 per language. Default `{ python = 1, javascript = 1,
     /// bash = 1 }`; `{}` disables it. `gearbox run` never uses it.
     pub pool: BTreeMap<String, usize>,
-    /// Packages a call may ask for (`packages`): installed outside the sandbox by uv, pip or
-    /// npm into cached read-only layers. See `docs/PACKAGES.md`.
-    pub packages: gearbox_packages::PackagesConfig,
-    /// Sessions (`sessions` profile): workspaces whose files persist across runs.
-    pub sessions: SessionsConfig,
     /// The `docker` backend: engine address, and per language the image (which must exist:
     /// gearbox never pulls), command (`{entrypoint}` replaced) and workdir. Default: the
     /// local engine's socket and `python` in `gearbox/python:bookworm`.
     pub docker: gearbox_docker::DockerConfig,
+    /// Packages a call may ask for (`packages`): installed outside the sandbox by uv, pip or
+    /// npm into cached read-only layers. See `docs/PACKAGES.md`.
+    pub packages: gearbox_packages::PackagesConfig,
+    /// Safety gear: how much a run may do without a human. `read_only` (nothing executes),
+    /// `restricted` (no capabilities; code that analysis shows needs one is refused with the
+    /// findings), `user_confirmed` (default: a human decides when a run needs a capability
+    /// or looks risky), `full_trust` (capabilities granted without asking; still sandboxed).
+    /// A call may pass a lower gear, never a higher one. `--gear` overrides this.
+    pub gear: Gear,
+    /// Human approval of runs the gear asks about.
+    pub approvals: ApprovalsConfig,
+    /// Sessions (`sessions` profile): workspaces whose files persist across runs.
+    pub sessions: SessionsConfig,
 }
 
 /// Session workspaces: where they live, how long an idle one lasts, how big one may get.
@@ -122,6 +130,66 @@ impl SessionsConfig {
         }
         let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
         home.join(".local/state/gearbox/sessions")
+    }
+}
+
+/// How `user_confirmed` asks a human: MCP elicitation when the client supports it, else a
+/// pending operation approved out of band (`gearbox approve ID`, `POST /approvals/ID`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApprovalsConfig {
+    /// Seconds a pending approval (and an approved, not yet run operation) stays valid.
+    /// Default 600.
+    pub ttl_secs: u64,
+    /// Ask through MCP elicitation when the client declared it. Default true.
+    pub elicitation: bool,
+    /// Seconds to wait for the human to answer an elicitation before the run is denied.
+    /// Default 300.
+    pub elicitation_timeout_secs: u64,
+    /// Also ask when analysis rates the code high risk (dynamic evaluation, native code)
+    /// although it needs no capability. Default true.
+    pub ask_on_high_risk: bool,
+    /// Directory of the local approval sockets (`gearbox approve` talks to every server
+    /// there). Default `$RUNTIME_DIRECTORY`, else `/run/gearbox` as root, else
+    /// `$XDG_RUNTIME_DIR/gearbox`, else `/tmp/gearbox-UID`.
+    pub socket_dir: Option<PathBuf>,
+    /// Names of the API keys (see `[http]`) that may approve or reject over HTTP
+    /// (`POST /approvals/ID`). Default none: approvals over HTTP are refused, so an agent
+    /// holding the key it calls `/mcp` with cannot approve its own runs.
+    pub http_approvers: Vec<String>,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> Self {
+        ApprovalsConfig {
+            ttl_secs: 600,
+            elicitation: true,
+            elicitation_timeout_secs: 300,
+            ask_on_high_risk: true,
+            socket_dir: None,
+            http_approvers: Vec::new(),
+        }
+    }
+}
+
+impl ApprovalsConfig {
+    /// The directory of approval sockets this configuration names.
+    pub fn socket_dir(&self) -> PathBuf {
+        if let Some(d) = &self.socket_dir {
+            return d.clone();
+        }
+        if let Some(d) = std::env::var_os("RUNTIME_DIRECTORY") {
+            return PathBuf::from(d).join("approvals");
+        }
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        if uid == 0 {
+            return PathBuf::from("/run/gearbox/approvals");
+        }
+        if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+            return PathBuf::from(d).join("gearbox/approvals");
+        }
+        PathBuf::from(format!("/tmp/gearbox-{uid}/approvals"))
     }
 }
 
@@ -315,9 +383,11 @@ impl Default for Config {
             http: HttpConfig::default(),
             audit: AuditConfig::default(),
             pool: default_pool(),
-            packages: Default::default(),
-            sessions: SessionsConfig::default(),
             docker: gearbox_docker::DockerConfig::default(),
+            packages: Default::default(),
+            gear: Gear::default(),
+            approvals: ApprovalsConfig::default(),
+            sessions: SessionsConfig::default(),
         }
     }
 }

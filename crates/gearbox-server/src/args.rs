@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use gearbox_core::{BackendKind, FileInput};
+use gearbox_core::{BackendKind, FileInput, Gear};
 use rmcp::model::JsonObject;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -66,6 +66,31 @@ pub struct ExecuteCodeArgs {
     /// KiB of one tool result given to the code; a larger result becomes an artifact (the
     /// code gets a preview and its id). Only with `allow_tools`.
     pub max_output_kb: Option<u64>,
+    /// Ask for a working network for this run. The server's safety gear decides:
+    /// `restricted` refuses, `user_confirmed` asks a human, `full_trust` grants.
+    pub network: Option<bool>,
+    /// Run under a lower safety gear than the server's (`read_only`, `restricted`,
+    /// `user_confirmed`, `full_trust`); a higher one is refused.
+    #[allow(
+        dead_code,
+        reason = "read by the server's gate from the validated arguments"
+    )]
+    pub gear: Option<Gear>,
+    /// Resume a run a human approved: the `operation_id` of an earlier `pending_approval`
+    /// result, with exactly the same other arguments as that call.
+    #[allow(
+        dead_code,
+        reason = "read by the server's gate from the validated arguments"
+    )]
+    pub operation_id: Option<String>,
+}
+
+/// Arguments of `approval_status`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalStatusArgs {
+    /// The `operation_id` of a `pending_approval` result.
+    pub operation_id: String,
 }
 
 /// Arguments of `run_javascript_code` (quickjs profile).

@@ -98,6 +98,20 @@ pub struct Record {
     pub peak_memory_kb: Option<u64>,
     pub stdout_bytes: usize,
     pub stderr_bytes: usize,
+    /// The safety gear the call ran under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gear: Option<String>,
+    /// Capabilities granted (execution) or asked for (approval).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// How the gear's decision was taken: `auto` (no human needed), `asked` (an approval
+    /// was requested), `approved`, `rejected`, `expired`, `elicitation_accepted`,
+    /// `elicitation_declined`, `elicitation_cancelled`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
+    /// The out-of-band approval this record concerns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
 }
 
 impl Record {
@@ -133,6 +147,10 @@ impl Record {
             peak_memory_kb: None,
             stdout_bytes: 0,
             stderr_bytes: 0,
+            gear: None,
+            capabilities: Vec::new(),
+            approval: None,
+            operation_id: None,
         }
     }
 }

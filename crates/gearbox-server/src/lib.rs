@@ -11,6 +11,7 @@
 //! [`gearbox_engine::Engine::execute`]; this crate must not know how a backend isolates, and
 //! over stdio it writes nothing to stdout but the protocol.
 
+pub mod approvals;
 mod args;
 pub mod audit;
 mod broker;
@@ -21,6 +22,7 @@ mod resources;
 mod server;
 mod sessions;
 mod snippets;
+pub mod gears;
 mod tools;
 
 use std::sync::Arc;
@@ -61,6 +63,10 @@ pub struct ServeOptions {
     /// Transport and caller recorded when a request does not carry its own (stdio).
     pub transport: &'static str,
     pub caller: String,
+    /// Safety gear overriding the configuration's (`--gear`).
+    pub gear: Option<gearbox_core::Gear>,
+    /// Serve the local approval socket (`gearbox approve`).
+    pub local_approvals: bool,
 }
 
 impl Default for ServeOptions {
@@ -71,6 +77,8 @@ impl Default for ServeOptions {
             audit: None,
             transport: "stdio",
             caller: "local".into(),
+            gear: None,
+            local_approvals: false,
         }
     }
 }

@@ -3,23 +3,29 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gearbox_core::{BackendKind, ExecRequest, Outcome};
+use std::collections::BTreeSet;
+
+use gearbox_core::{BackendKind, Capability, ExecRequest, Gear, Outcome};
 use gearbox_engine::Engine;
-use gearbox_engine::config::ToolProfile;
+use gearbox_engine::config::{ApprovalsConfig, ToolProfile};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    ResourceContents, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, ElicitRequest, ElicitRequestParams, ElicitationSchema,
+    Implementation, InputRequest, InputRequests, InputRequiredResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    RequestStateCodec, ResourceContents, SealOptions, ServerCapabilities, ServerConfig, Tool,
 };
+use rmcp::service::ElicitationError;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
 use crate::ServeOptions;
+use crate::approvals::{self, Approvals, LocalChannel, TakeError};
 use crate::args::parse;
 use crate::audit::{self, AuditLog, Record};
+use crate::gears::{self, PolicyReport, Verdict};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::resources;
@@ -52,6 +58,46 @@ struct Inner {
     /// Transport and caller when the request does not say (stdio).
     transport: &'static str,
     caller: String,
+    /// The server's safety gear; calls may lower it.
+    gear: Gear,
+    approvals_cfg: ApprovalsConfig,
+    approvals: Arc<Approvals>,
+    /// Seals the `requestState` of input-required results (stateless protocol): a key per
+    /// process, so a state outlives neither the process nor its TTL.
+    state_codec: RequestStateCodec,
+    /// The local approval socket, removed when the server goes.
+    _local: Option<LocalChannel>,
+}
+
+/// The answer a human gives through elicitation.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct ApprovalAnswer {
+    /// Run it with what it asks for?
+    approve: bool,
+    /// Optional words for the agent (why not, what to change).
+    reason: Option<String>,
+}
+
+rmcp::elicit_safe!(ApprovalAnswer);
+
+/// The key of the approval question in an input-required result.
+const APPROVAL_INPUT: &str = "approval";
+
+/// A call after the gear: run it (with what was granted), or answer without running.
+enum Gate {
+    Run {
+        req: ExecRequest,
+        backend: Option<BackendKind>,
+        report: PolicyReport,
+    },
+    Answer(CallToolResponse),
+}
+
+/// What a call says about the gear: a lower gear, a resumed approval.
+#[derive(Debug, Default)]
+struct CallPolicy {
+    gear: Option<Gear>,
+    operation_id: Option<String>,
 }
 
 /// Who asked, over what, when: what the audit line and metrics need of one call.
@@ -96,6 +142,26 @@ fn fill_outcome(r: &mut Record, o: &Outcome) {
     }
 }
 
+fn fill_policy(r: &mut Record, p: &PolicyReport) {
+    r.gear = Some(p.gear.to_string());
+    r.capabilities = p.granted.iter().map(|c| c.as_str().to_string()).collect();
+    r.approval = Some(
+        match p.decided_by.as_str() {
+            "gear" => "auto",
+            "human" => "approved",
+            "elicitation" => "elicitation_accepted",
+            other => other,
+        }
+        .to_string(),
+    );
+    r.operation_id = p.operation_id.clone();
+}
+
+/// Give the run what the gear granted.
+fn grant(req: &mut ExecRequest, caps: &BTreeSet<Capability>) {
+    req.network = caps.contains(&Capability::Network);
+}
+
 /// The `mcp_execution_errors_total` reason of an outcome that is not ok.
 fn error_reason(o: &Outcome) -> &'static str {
     use gearbox_core::Status;
@@ -111,6 +177,7 @@ fn error_reason(o: &Outcome) -> &'static str {
 
 impl GearboxServer {
     pub fn new(engine: Arc<Engine>, opts: ServeOptions) -> GearboxServer {
+        let engine_gear = engine.config().gear;
         let mut profiles = if opts.profiles.is_empty() {
             engine.config().profiles.clone()
         } else {
@@ -126,6 +193,40 @@ impl GearboxServer {
         let c = &engine.config().concurrency;
         let limiter = Arc::new(Limiter::new(c.running(), c.max_queued));
         let broker = crate::broker::from_config(engine.config());
+        let approvals_cfg = engine.config().approvals.clone();
+        let approvals = Arc::new(Approvals::new(
+            Duration::from_secs(approvals_cfg.ttl_secs.max(1)),
+            opts.audit.clone(),
+        ));
+        let local = if opts.local_approvals {
+            let dir = approvals_cfg.socket_dir();
+            match approvals::serve_local(approvals.clone(), &dir) {
+                Ok(ch) => Some(ch),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e,
+                        "approval socket not available; `gearbox approve` cannot reach this server");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            approvals.spawn_sweeper(Duration::from_secs(5));
+        }
+        let mut key = [0u8; 32];
+        key.iter_mut()
+            .zip(
+                uuid::Uuid::new_v4()
+                    .as_bytes()
+                    .iter()
+                    .chain(uuid::Uuid::new_v4().as_bytes()),
+            )
+            .for_each(|(k, r)| *k = *r);
+        let state_codec = match RequestStateCodec::try_new(key.to_vec()) {
+            Ok(c) => c,
+            Err(e) => unreachable!("a 32-byte key is long enough: {e}"),
+        };
         GearboxServer {
             inner: Arc::new(Inner {
                 engine,
@@ -139,6 +240,11 @@ impl GearboxServer {
                 broker,
                 transport: opts.transport,
                 caller: opts.caller,
+                gear: opts.gear.unwrap_or(engine_gear),
+                approvals_cfg,
+                approvals,
+                state_codec,
+                _local: local,
             }),
         }
     }
@@ -171,13 +277,23 @@ impl GearboxServer {
                     .into());
             }
             if kind == ToolKind::ExecuteCode {
-                let call = async { self.call(kind, &request, &ctx).await.map(Into::into) };
+                let call = async { self.call(kind, &request, &ctx).await };
                 let max_timeout_ms = self.inner.engine.config().limits.timeout_ms;
                 return crate::broker::with_tools(self.broker(), max_timeout_ms, &request, call)
                     .await;
             }
-            self.call(kind, &request, &ctx).await.map(Into::into)
+            self.call(kind, &request, &ctx).await
         })
+    }
+
+    /// The store of pending approvals (the HTTP daemon serves `/approvals`).
+    pub fn approvals(&self) -> &Arc<Approvals> {
+        &self.inner.approvals
+    }
+
+    /// The server's safety gear.
+    pub fn gear(&self) -> Gear {
+        self.inner.gear
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -363,6 +479,7 @@ impl GearboxServer {
         &self,
         req: ExecRequest,
         backend: Option<BackendKind>,
+        report: Option<&PolicyReport>,
         info: &CallInfo,
         ctx: &RequestContext<RoleServer>,
     ) -> Option<Outcome> {
@@ -401,6 +518,9 @@ impl GearboxServer {
         let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
         let mut record = Record::new("execution", &info.caller, &info.transport, &info.tool);
         fill_request(&mut record, &req, &backend_name, hash_only);
+        if let Some(p) = report {
+            fill_policy(&mut record, p);
+        }
         record.durations.queued_ms = queued_ms;
         let started = Instant::now();
         let language = req.language.clone();
@@ -435,7 +555,7 @@ impl GearboxServer {
         kind: ToolKind,
         request: &CallToolRequestParams,
         ctx: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
+    ) -> Result<CallToolResponse, McpError> {
         let engine = &self.inner.engine;
         let args = request.arguments.as_ref();
         let prepared = match kind {
@@ -452,18 +572,40 @@ impl GearboxServer {
             ToolKind::ListPackages => {
                 parse::<crate::args::NoArgs>(args).map(|_| tools::prepare_list_packages())
             }
+            // Answered before preparation (see below).
             ToolKind::Session => Err("session tools are answered by the sessions module".into()),
             // Answered in call_direct, before this point.
             ToolKind::Broker(_) => Err("a discovery tool takes no run".into()),
+            ToolKind::ApprovalStatus => Ok(Prepared::Refused(Outcome::denied(
+                "",
+                engine.config().backend.as_str(),
+                "approval_status takes no run",
+            ))),
         };
         let info = self.call_info(&request.name, ctx);
+        if kind == ToolKind::ApprovalStatus {
+            return match parse::<crate::args::ApprovalStatusArgs>(args) {
+                Err(message) => Ok(tools::argument_error(kind, engine, message).into()),
+                Ok(a) => self.approval_status(&a.operation_id, &info, ctx).await,
+            };
+        }
+        let call_policy = CallPolicy {
+            gear: args
+                .and_then(|a| a.get("gear"))
+                .and_then(|g| serde_json::from_value(g.clone()).ok()),
+            operation_id: args
+                .and_then(|a| a.get("operation_id"))
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+        };
+        let mut policy_report = None;
         let outcome = match prepared {
             Err(message) => {
                 tracing::debug!(tool = %request.name, %message, "argument error");
                 let o = Outcome::denied("", engine.config().backend.as_str(), message.clone());
                 self.refused(&info, None, &o, "invalid_arguments", "arguments")
                     .await;
-                return Ok(tools::argument_error(kind, engine, message));
+                return Ok(tools::argument_error(kind, engine, message).into());
             }
             Ok(Prepared::Refused(outcome)) => {
                 self.refused(&info, None, &outcome, "denied", "denied")
@@ -473,15 +615,41 @@ impl GearboxServer {
             Ok(Prepared::Run {
                 request: req,
                 backend,
-            }) => match self.guarded_run(req, backend, &info, ctx).await {
-                Some(o) => o,
-                None => {
-                    return Err(McpError::internal_error(
-                        "request cancelled; its run was killed",
-                        None,
-                    ));
-                }
-            },
+            }) => {
+                let gated = if kind == ToolKind::ListPackages {
+                    // The server's own listing program, not caller code: no gear applies.
+                    Gate::Run {
+                        req,
+                        backend,
+                        report: self.plain_report(),
+                    }
+                } else {
+                    self.gate(kind, req, backend, call_policy, &info, request, ctx)
+                        .await
+                };
+                let (req, backend, report) = match gated {
+                    Gate::Answer(r) => return Ok(r),
+                    Gate::Run {
+                        req,
+                        backend,
+                        report,
+                    } => (req, backend, report),
+                };
+                let o = match self
+                    .guarded_run(req, backend, Some(&report), &info, ctx)
+                    .await
+                {
+                    Some(o) => o,
+                    None => {
+                        return Err(McpError::internal_error(
+                            "request cancelled; its run was killed",
+                            None,
+                        ));
+                    }
+                };
+                policy_report = Some(report);
+                o
+            }
         };
         tracing::debug!(
             tool = %request.name,
@@ -492,8 +660,435 @@ impl GearboxServer {
         Ok(match kind {
             ToolKind::CodeExecPython => tools::heroku_result(&outcome),
             ToolKind::ListPackages => tools::packages_result(&self.inner.engine, &outcome),
-            _ => tools::outcome_result(&outcome),
+            _ => match &policy_report {
+                Some(p) => tools::with_policy(tools::outcome_result(&outcome), p),
+                None => tools::outcome_result(&outcome),
+            },
+        }
+        .into())
+    }
+
+    /// A report for a run no gear looked at.
+    fn plain_report(&self) -> PolicyReport {
+        PolicyReport {
+            gear: self.inner.gear,
+            risk: gearbox_analysis::Risk::Low,
+            requested: Vec::new(),
+            detected: Vec::new(),
+            granted: Vec::new(),
+            decided_by: "gear".into(),
+            findings: Vec::new(),
+            operation_id: None,
+        }
+    }
+
+    /// The answer of a call the gear refused: a `denied` outcome with the findings.
+    async fn gear_refusal(
+        &self,
+        kind: ToolKind,
+        info: &CallInfo,
+        req: &ExecRequest,
+        backend: Option<BackendKind>,
+        report: &PolicyReport,
+        reason: String,
+        approval: &str,
+    ) -> Gate {
+        let backend_name = backend.unwrap_or(self.inner.engine.config().backend);
+        let o = Outcome::denied(&req.language, backend_name.as_str(), reason);
+        let m = &self.inner.metrics;
+        m.request(&req.language, "denied");
+        m.error("policy");
+        let mut r = Record::new("refusal", &info.caller, &info.transport, &info.tool);
+        let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
+        fill_request(&mut r, req, backend_name.as_str(), hash_only);
+        fill_outcome(&mut r, &o);
+        fill_policy(&mut r, report);
+        r.capabilities = report
+            .requested
+            .iter()
+            .chain(report.detected.iter())
+            .map(|c| c.as_str().to_string())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        r.approval = Some(approval.to_string());
+        r.status = "denied".into();
+        self.record(r, info).await;
+        let result = match kind {
+            ToolKind::CodeExecPython => tools::heroku_result(&o),
+            _ => tools::with_policy(tools::outcome_result(&o), report),
+        };
+        Gate::Answer(result.into())
+    }
+
+    /// Apply the safety gear to a prepared run.
+    #[allow(clippy::too_many_arguments)]
+    async fn gate(
+        &self,
+        kind: ToolKind,
+        mut req: ExecRequest,
+        backend: Option<BackendKind>,
+        call: CallPolicy,
+        info: &CallInfo,
+        params: &CallToolRequestParams,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Gate {
+        let server_gear = self.inner.gear;
+        let mut report = self.plain_report();
+        let gear = match call.gear {
+            Some(g) if g > server_gear => {
+                let reason = format!(
+                    "gear: {g} is above this server's gear ({server_gear}); a call may only \
+                     lower it"
+                );
+                return self
+                    .gear_refusal(kind, info, &req, backend, &report, reason, "auto")
+                    .await;
+            }
+            Some(g) => g,
+            None => server_gear,
+        };
+        let engine = self.inner.engine.clone();
+        let for_analysis = req.clone();
+        let analysis = tokio::task::spawn_blocking(move || {
+            gears::analyse(engine.language_table(), &for_analysis)
         })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "analysis failed");
+            gearbox_analysis::Analysis {
+                analysed: false,
+                risk: gearbox_analysis::Risk::High,
+                needs: BTreeSet::new(),
+                findings: Vec::new(),
+                parse_errors: false,
+                reason: Some("analysis failed".into()),
+            }
+        });
+        let eval = gears::evaluate(
+            gear,
+            gears::requested(&req),
+            analysis,
+            self.inner.approvals_cfg.ask_on_high_risk,
+        );
+        report = eval.report;
+
+        if let Some(id) = call.operation_id {
+            let caps = match &eval.verdict {
+                Verdict::Ask(c) | Verdict::Allow(c) => c.clone(),
+                Verdict::Deny(reason) => {
+                    return self
+                        .gear_refusal(kind, info, &req, backend, &report, reason.clone(), "auto")
+                        .await;
+                }
+            };
+            let hash = gears::request_hash(&req, &caps);
+            return match self.inner.approvals.take(&id, Some(&hash)) {
+                Ok(approved) => {
+                    grant(&mut req, &approved.capabilities);
+                    Gate::Run {
+                        req,
+                        backend,
+                        report: approved.report,
+                    }
+                }
+                Err(TakeError::Pending(view)) => {
+                    let backend_name = backend.unwrap_or(self.inner.engine.config().backend);
+                    Gate::Answer(
+                        tools::pending_result(backend_name.as_str(), &view, &report).into(),
+                    )
+                }
+                Err(e) => {
+                    let answer = match &e {
+                        TakeError::Rejected(_) => "rejected",
+                        TakeError::Expired => "expired",
+                        _ => "auto",
+                    };
+                    self.gear_refusal(kind, info, &req, backend, &report, e.to_string(), answer)
+                        .await
+                }
+            };
+        }
+
+        match eval.verdict {
+            Verdict::Allow(granted) => {
+                grant(&mut req, &granted);
+                Gate::Run {
+                    req,
+                    backend,
+                    report,
+                }
+            }
+            Verdict::Deny(reason) => {
+                self.gear_refusal(kind, info, &req, backend, &report, reason, "auto")
+                    .await
+            }
+            Verdict::Ask(caps) => {
+                self.ask(kind, req, backend, caps, report, info, params, ctx)
+                    .await
+            }
+        }
+    }
+
+    /// Put a run to a human: elicitation when the client can answer it (input-required on
+    /// the stateless protocol), else a pending operation approved out of band.
+    #[allow(clippy::too_many_arguments)]
+    async fn ask(
+        &self,
+        kind: ToolKind,
+        mut req: ExecRequest,
+        backend: Option<BackendKind>,
+        caps: BTreeSet<Capability>,
+        mut report: PolicyReport,
+        info: &CallInfo,
+        params: &CallToolRequestParams,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Gate {
+        let question = gears::question(&req.language, &req.packages, &caps, &report);
+        let hash = gears::request_hash(&req, &caps);
+        let cfg = &self.inner.approvals_cfg;
+        let client_elicits = ctx
+            .client_capabilities()
+            .is_some_and(|c| c.elicitation.is_some());
+        let stateless = ctx
+            .protocol_version()
+            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+        let approve_with = |mut req: ExecRequest, mut report: PolicyReport| {
+            grant(&mut req, &caps);
+            report.granted = caps.iter().copied().collect();
+            report.decided_by = "elicitation".into();
+            Gate::Run {
+                req,
+                backend,
+                report,
+            }
+        };
+
+        if cfg.elicitation && client_elicits && stateless {
+            if let (Some(state), Some(responses)) = (&params.request_state, &params.input_responses)
+            {
+                if let Err(e) = self.inner.state_codec.open_with(state, hash.as_bytes()) {
+                    let reason = format!(
+                        "the approval state does not match this request ({e}): the code or \
+                         its arguments changed, the state expired, or it was altered. Call \
+                         again without requestState to ask anew"
+                    );
+                    return self
+                        .gear_refusal(kind, info, &req, backend, &report, reason, "auto")
+                        .await;
+                }
+                let answer = responses.get(APPROVAL_INPUT).cloned().unwrap_or_default();
+                let action = answer.get("action").and_then(|a| a.as_str()).unwrap_or("");
+                let content = answer.get("content").cloned().unwrap_or_default();
+                let approve = content
+                    .get("approve")
+                    .and_then(|a| a.as_bool())
+                    .unwrap_or(false);
+                let words = content
+                    .get("reason")
+                    .and_then(|r| r.as_str())
+                    .map(str::to_string);
+                return match action {
+                    "accept" if approve => {
+                        self.audit_elicitation(info, &req, &caps, "elicitation_accepted", None)
+                            .await;
+                        approve_with(req, report)
+                    }
+                    "accept" | "decline" => {
+                        let reason = declined_reason(words.as_deref());
+                        self.gear_refusal(
+                            kind,
+                            info,
+                            &req,
+                            backend,
+                            &report,
+                            reason,
+                            "elicitation_declined",
+                        )
+                        .await
+                    }
+                    _ => {
+                        self.gear_refusal(
+                            kind,
+                            info,
+                            &req,
+                            backend,
+                            &report,
+                            "the human dismissed the approval question; nothing ran".into(),
+                            "elicitation_cancelled",
+                        )
+                        .await
+                    }
+                };
+            }
+            let schema = match ElicitationSchema::from_type::<ApprovalAnswer>() {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "approval schema");
+                    return self
+                        .gear_refusal(kind, info, &req, backend, &report, e.to_string(), "auto")
+                        .await;
+                }
+            };
+            let state = self.inner.state_codec.seal_with(
+                APPROVAL_INPUT.as_bytes(),
+                &SealOptions::new()
+                    .associated_data(hash.as_bytes())
+                    .ttl(Duration::from_secs(cfg.ttl_secs.max(1))),
+            );
+            let elicit = ElicitRequest::new(ElicitRequestParams::FormElicitationParams {
+                meta: None,
+                message: format!("{question}\nApprove this run?"),
+                requested_schema: schema,
+            });
+            let mut inputs = InputRequests::new();
+            inputs.insert(APPROVAL_INPUT.into(), InputRequest::Elicitation(elicit));
+            self.audit_elicitation(info, &req, &caps, "asked", None)
+                .await;
+            return Gate::Answer(CallToolResponse::InputRequired(InputRequiredResult::new(
+                Some(inputs),
+                Some(state),
+            )));
+        }
+
+        if cfg.elicitation && client_elicits && !stateless {
+            self.audit_elicitation(info, &req, &caps, "asked", None)
+                .await;
+            let timeout = Duration::from_secs(cfg.elicitation_timeout_secs.max(1));
+            let answer = ctx
+                .peer
+                .elicit_with_timeout::<ApprovalAnswer>(
+                    format!("{question}\nApprove this run?"),
+                    Some(timeout),
+                )
+                .await;
+            let (reason, how) = match answer {
+                Ok(Some(a)) if a.approve => {
+                    self.audit_elicitation(info, &req, &caps, "elicitation_accepted", None)
+                        .await;
+                    return approve_with(req, report);
+                }
+                Ok(Some(a)) => (declined_reason(a.reason.as_deref()), "elicitation_declined"),
+                Ok(None) | Err(ElicitationError::NoContent) => {
+                    (declined_reason(None), "elicitation_declined")
+                }
+                Err(ElicitationError::UserDeclined) => {
+                    (declined_reason(None), "elicitation_declined")
+                }
+                Err(ElicitationError::UserCancelled) => (
+                    "the human dismissed the approval question; nothing ran".to_string(),
+                    "elicitation_cancelled",
+                ),
+                Err(ElicitationError::CapabilityNotSupported) => (String::new(), ""),
+                Err(e) => (
+                    format!("no answer to the approval question ({e}); nothing ran"),
+                    "elicitation_cancelled",
+                ),
+            };
+            if !how.is_empty() {
+                return self
+                    .gear_refusal(kind, info, &req, backend, &report, reason, how)
+                    .await;
+            }
+        }
+
+        // Out of band.
+        let backend_name = backend.unwrap_or(self.inner.engine.config().backend);
+        report.operation_id = None;
+        let stored = req.clone();
+        match self
+            .inner
+            .approvals
+            .create(stored, backend, hash, &caps, question, report.clone())
+        {
+            Ok(view) => {
+                self.audit_elicitation(info, &req, &caps, "asked", Some(&view.operation_id))
+                    .await;
+                self.inner
+                    .metrics
+                    .request(&req.language, "pending_approval");
+                req.network = false;
+                Gate::Answer(tools::pending_result(backend_name.as_str(), &view, &report).into())
+            }
+            Err(reason) => {
+                self.gear_refusal(kind, info, &req, backend, &report, reason, "auto")
+                    .await
+            }
+        }
+    }
+
+    async fn audit_elicitation(
+        &self,
+        info: &CallInfo,
+        req: &ExecRequest,
+        caps: &BTreeSet<Capability>,
+        what: &str,
+        operation_id: Option<&str>,
+    ) {
+        let mut r = Record::new("approval", &info.caller, &info.transport, &info.tool);
+        let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
+        let backend = self.inner.engine.config().backend;
+        fill_request(&mut r, req, backend.as_str(), hash_only);
+        r.gear = Some(self.inner.gear.to_string());
+        r.capabilities = caps.iter().map(|c| c.as_str().to_string()).collect();
+        r.approval = Some(what.to_string());
+        r.status = what.to_string();
+        r.operation_id = operation_id.map(str::to_string);
+        self.record(r, info).await;
+    }
+
+    /// `approval_status`: pending again, the approved run, or the refusal.
+    async fn approval_status(
+        &self,
+        id: &str,
+        info: &CallInfo,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let backend = self.inner.engine.config().backend;
+        let report = self.plain_report();
+        let deny = |reason: String| {
+            tools::with_policy(
+                tools::outcome_result(&Outcome::denied("", backend.as_str(), reason)),
+                &report,
+            )
+            .into()
+        };
+        if !approvals::valid_id(id) {
+            return Ok(deny(
+                "operation_id: not an operation id (expected the UUID of a pending_approval \
+                 result)"
+                    .into(),
+            ));
+        }
+        match self.inner.approvals.take(id, None) {
+            Ok(approved) => {
+                let mut req = approved.request;
+                grant(&mut req, &approved.capabilities);
+                match self
+                    .guarded_run(req, approved.backend, Some(&approved.report), info, ctx)
+                    .await
+                {
+                    Some(o) => {
+                        Ok(tools::with_policy(tools::outcome_result(&o), &approved.report).into())
+                    }
+                    None => Err(McpError::internal_error(
+                        "request cancelled; its run was killed",
+                        None,
+                    )),
+                }
+            }
+            Err(TakeError::Pending(view)) => {
+                Ok(tools::pending_result(backend.as_str(), &view, &report).into())
+            }
+            Err(e) => Ok(deny(e.to_string())),
+        }
+    }
+}
+
+fn declined_reason(words: Option<&str>) -> String {
+    match words.map(str::trim).filter(|w| !w.is_empty()) {
+        Some(w) => format!("the human declined this run: {w}"),
+        None => "the human declined this run".into(),
     }
 }
 

@@ -8,9 +8,12 @@ use rmcp::model::{CallToolResult, ContentBlock, Tool, ToolAnnotations};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::approvals::OpView;
 use crate::args::{
-    CodeExecPythonArgs, ExecuteCodeArgs, NoArgs, RunJavascriptArgs, SidecarExecuteArgs,
+    ApprovalStatusArgs, CodeExecPythonArgs, ExecuteCodeArgs, NoArgs, RunJavascriptArgs,
+    SidecarExecuteArgs,
 };
+use crate::gears::PolicyReport;
 use crate::snippets;
 
 /// What a tool name dispatches to.
@@ -21,6 +24,7 @@ pub enum ToolKind {
     CodeExecPython,
     SidecarExecute,
     ListPackages,
+    ApprovalStatus,
     /// `exec_open`, `exec_run`, `exec_close`, `exec_get_artifact` (see `sessions.rs`).
     Session,
     /// A discovery tool of the `broker` profile.
@@ -65,7 +69,27 @@ of a stored snippet. The program runs with /work as its working directory (your 
 `additional_files` are there), /tmp for scratch, no network, and time and memory limits; \
 nothing persists between calls. Returns stdout, stderr, exit status and timing; \
 the call is an error when the program fails, times out or is refused. \
-Read the resource gearbox://env for versions and limits.";
+The server's safety gear governs capabilities: pass `network: true` when the code needs the \
+network; depending on the gear the call is refused (with the analysis findings, so you can \
+rewrite the code), run, or put to a human (`status: pending_approval` with an \
+`operation_id`: once approved, call again with the same arguments plus `operation_id`, or \
+call `approval_status`). Read the resource gearbox://env for versions and limits.";
+
+/// The structured result of the tools whose output is an outcome: the outcome, and what the
+/// safety gear decided.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ExecuteResult {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// What the safety gear decided: gear, risk, capabilities asked for, detected and
+    /// granted, who decided, analysis findings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyReport>,
+    /// Set when `status` is `pending_approval`: approve it out of band, then call again
+    /// with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+}
 
 /// The tools `profiles` expose, in profile order, each name once.
 pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
@@ -77,7 +101,11 @@ pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
     };
     for p in profiles {
         match p {
-            ToolProfile::Default | ToolProfile::Isolator => {
+            ToolProfile::Default => {
+                push(ToolKind::ExecuteCode, portable(execute_code_tool()));
+                push(ToolKind::ApprovalStatus, portable(approval_status_tool()));
+            }
+            ToolProfile::Isolator => {
                 push(ToolKind::ExecuteCode, portable(execute_code_tool()));
             }
             ToolProfile::Quickjs => {
@@ -122,8 +150,23 @@ fn execute_code_tool() -> Tool {
     Tool::new("execute_code", EXECUTE_CODE_DESCRIPTION, empty_schema())
         .with_title("Execute code in a sandbox")
         .with_input_schema::<ExecuteCodeArgs>()
-        .with_output_schema::<Outcome>()
+        .with_output_schema::<ExecuteResult>()
         .with_annotations(runs_code().with_title_str("Execute code in a sandbox"))
+}
+
+fn approval_status_tool() -> Tool {
+    Tool::new(
+        "approval_status",
+        "Check a run that waits for a human's approval (the `operation_id` of a \
+         `pending_approval` result). Still pending: returns `pending_approval` again. Approved: \
+         runs exactly the approved code once and returns its result. Rejected or expired: \
+         returns `denied` with the human's answer.",
+        empty_schema(),
+    )
+    .with_title("Approval status")
+    .with_input_schema::<ApprovalStatusArgs>()
+    .with_output_schema::<ExecuteResult>()
+    .with_annotations(runs_code().with_title_str("Approval status"))
 }
 
 fn run_javascript_tool() -> Tool {
@@ -350,7 +393,7 @@ pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
                 memory_mb: a.memory_mb,
                 ..Default::default()
             },
-            network: false,
+            network: a.network.unwrap_or(false),
             mounts: Vec::new(),
             packages: a.packages.unwrap_or_default(),
         },
@@ -426,6 +469,65 @@ fn simple_request(language: &str, code: String) -> ExecRequest {
         code,
         ..Default::default()
     }
+}
+
+/// Add what the gear decided to a result whose structured output is an outcome.
+pub fn with_policy(mut r: CallToolResult, policy: &PolicyReport) -> CallToolResult {
+    if let Some(serde_json::Value::Object(map)) = r.structured_content.as_mut() {
+        map.insert(
+            "policy".into(),
+            serde_json::to_value(policy).unwrap_or_default(),
+        );
+    }
+    if !policy.granted.is_empty() || policy.decided_by != "gear" {
+        let line = format!(
+            "--- policy ---\ngear {}; granted: {}; decided by {}\n",
+            policy.gear,
+            if policy.granted.is_empty() {
+                "nothing extra".to_string()
+            } else {
+                policy
+                    .granted
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            policy.decided_by
+        );
+        r.content.push(ContentBlock::text(line));
+    }
+    r
+}
+
+/// A run waiting for a human: `pending_approval`, the operation id, what was asked and how
+/// to approve. Not an error: the agent should wait and call again.
+pub fn pending_result(backend: &str, view: &OpView, policy: &PolicyReport) -> CallToolResult {
+    let id = &view.operation_id;
+    let how = format!(
+        "Waiting for a human to approve operation {id} (expires in {} s). A human approves \
+         it with `gearbox approve {id}` on the server's host, or `POST /approvals/{id}` on \
+         its HTTP daemon. Then call execute_code again with the same arguments plus \
+         operation_id {id:?}, or call approval_status with it.",
+        view.expires_in_secs
+    );
+    let mut o = Outcome::denied(&view.language, backend, how.clone());
+    o.status = Status::PendingApproval;
+    let result = ExecuteResult {
+        outcome: o,
+        policy: Some(PolicyReport {
+            operation_id: Some(id.clone()),
+            ..policy.clone()
+        }),
+        operation_id: Some(id.clone()),
+    };
+    let text = format!(
+        "Pending approval ({id}): {how}\n\nWhat the human is asked:\n{}\n",
+        view.summary
+    );
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = serde_json::to_value(&result).ok();
+    r
 }
 
 /// The result of a tool whose structured output is the outcome itself.

@@ -9,10 +9,13 @@ use anyhow::{Context, Result, bail};
 use base64::Engine as _;
 use clap::{Parser, Subcommand};
 use gearbox_core::{
-    BackendKind, Encoding, ExecRequest, FileInput, LimitOverrides, Outcome, Status,
+    BackendKind, Capability, Encoding, ExecRequest, FileInput, Gear, LimitOverrides, Outcome,
+    Status,
 };
 use gearbox_engine::config::ToolProfile;
 use gearbox_engine::{Config, Engine};
+use gearbox_server::approvals::{LocalRequest, OpState, OpView, ask_local};
+use gearbox_server::gears::{self, Verdict};
 
 /// Exit status of `gearbox run` when the wall-clock limit expired.
 pub const EXIT_TIMEOUT: u8 = 124;
@@ -66,6 +69,28 @@ enum Command {
     /// Configuration file helpers.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Approve a run waiting for a human (`pending_approval`) on a running server.
+    Approve {
+        /// The operation id of the pending run.
+        id: String,
+        /// Words for the agent.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Reject a run waiting for a human on a running server.
+    Reject {
+        /// The operation id of the pending run.
+        id: String,
+        /// Why (the agent reads it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// List the runs waiting for a human on the running servers of this user.
+    Approvals {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -86,6 +111,9 @@ struct ServeArgs {
     /// Audit log file (one JSON line per execution); overrides `[audit] path`.
     #[arg(long, value_name = "FILE")]
     audit_log: Option<PathBuf>,
+    /// Safety gear: read_only, restricted, user_confirmed, full_trust; overrides `gear`.
+    #[arg(long)]
+    gear: Option<Gear>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -138,6 +166,13 @@ struct RunArgs {
     /// Print the outcome as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Safety gear: read_only, restricted, user_confirmed (asks at the terminal),
+    /// full_trust; overrides the configuration's `gear`.
+    #[arg(long)]
+    gear: Option<Gear>,
+    /// Ask for a working network for this run (the gear decides).
+    #[arg(long)]
+    network: bool,
     /// A package the program imports, installed outside the sandbox into a cached layer
     /// (repeatable): `--package six`, `--package 'numpy==2.*'`, `--package is-number@^7`.
     #[arg(long = "package", short = 'p')]
@@ -198,7 +233,65 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Serve(args) => serve(engine(config)?, args),
         Command::Config(ConfigCommand::Init { file, force }) => config_init(file, force),
+        Command::Approve { id, reason } => decide(&config, LocalRequest::Approve { id, reason }),
+        Command::Reject { id, reason } => decide(&config, LocalRequest::Reject { id, reason }),
+        Command::Approvals { json } => list_approvals(&config, json),
     }
+}
+
+fn print_op(v: &OpView) {
+    let state = serde_json::to_value(v.state).unwrap_or_default();
+    println!(
+        "{}  {}  {}  wants: {}  expires in {} s",
+        v.operation_id,
+        state.as_str().unwrap_or("?"),
+        v.language,
+        if v.capabilities.is_empty() {
+            "no capabilities (high risk)".to_string()
+        } else {
+            v.capabilities
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+        v.expires_in_secs
+    );
+    for line in v.summary.lines() {
+        println!("    {line}");
+    }
+}
+
+fn decide(config: &Config, req: LocalRequest) -> Result<ExitCode> {
+    let dir = config.approvals.socket_dir();
+    let views = ask_local(&dir, &req).map_err(anyhow::Error::msg)?;
+    for v in &views {
+        print_op(v);
+    }
+    let want = match req {
+        LocalRequest::Approve { .. } => OpState::Approved,
+        _ => OpState::Rejected,
+    };
+    Ok(if views.iter().any(|v| v.state == want) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn list_approvals(config: &Config, json: bool) -> Result<ExitCode> {
+    let dir = config.approvals.socket_dir();
+    let views = ask_local(&dir, &LocalRequest::List).map_err(anyhow::Error::msg)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&views)?);
+    } else if views.is_empty() {
+        println!("no runs are waiting for a human");
+    } else {
+        for v in &views {
+            print_op(v);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
@@ -221,6 +314,8 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
     let mut opts = gearbox_server::ServeOptions {
         profiles: args.profiles,
         audit,
+        gear: args.gear,
+        local_approvals: true,
         ..Default::default()
     };
     let result = match &args.http {
@@ -240,7 +335,10 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
             .map_err(anyhow::Error::msg)?;
             opts.transport = "http";
             opts.caller = "anonymous".into();
-            let server = gearbox_server::GearboxServer::new(std::sync::Arc::new(engine), opts);
+            let server = {
+                let _runtime = rt.enter();
+                gearbox_server::GearboxServer::new(std::sync::Arc::new(engine), opts)
+            };
             rt.block_on(gearbox_server::http::run(
                 server,
                 addr,
@@ -274,6 +372,81 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()?)
+}
+
+/// The safety gear for `gearbox run`: `Some(outcome)` when the run is refused. The human
+/// of `user_confirmed` is whoever sits at the terminal; without one, the run is refused.
+fn apply_gear(engine: &Engine, req: &mut ExecRequest, args: &RunArgs) -> Result<Option<Outcome>> {
+    let gear = args.gear.unwrap_or(engine.config().gear);
+    let backend = args.backend.unwrap_or(engine.config().backend);
+    let eval = gears::evaluate(
+        gear,
+        gears::requested(req),
+        gears::analyse(engine.language_table(), req),
+        engine.config().approvals.ask_on_high_risk,
+    );
+    let caps = match eval.verdict {
+        Verdict::Allow(caps) => caps,
+        Verdict::Deny(reason) => {
+            return Ok(Some(Outcome::denied(
+                &req.language,
+                backend.as_str(),
+                reason,
+            )));
+        }
+        Verdict::Ask(caps) => {
+            let question = gears::question(&req.language, &req.packages, &caps, &eval.report);
+            match ask_terminal(&question)? {
+                Some(true) => caps,
+                Some(false) => {
+                    return Ok(Some(Outcome::denied(
+                        &req.language,
+                        backend.as_str(),
+                        "declined at the terminal",
+                    )));
+                }
+                None => {
+                    return Ok(Some(Outcome::denied(
+                        &req.language,
+                        backend.as_str(),
+                        format!(
+                            "the {gear} gear asks a human about this run and no terminal is \
+                             attached. {question}\nRun it interactively, or pass --gear \
+                             full_trust{}",
+                            if caps.contains(&Capability::Network) {
+                                " --network"
+                            } else {
+                                ""
+                            }
+                        ),
+                    )));
+                }
+            }
+        }
+    };
+    req.network = caps.contains(&Capability::Network);
+    Ok(None)
+}
+
+/// Ask yes/no on the controlling terminal; `None` without one.
+fn ask_terminal(question: &str) -> Result<Option<bool>> {
+    use std::io::BufRead;
+    let Ok(tty) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+    else {
+        return Ok(None);
+    };
+    let mut w = &tty;
+    write!(w, "{question}\nRun it? [y/N] ")?;
+    w.flush()?;
+    let mut line = String::new();
+    std::io::BufReader::new(&tty).read_line(&mut line)?;
+    Ok(Some(matches!(
+        line.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    )))
 }
 
 fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
@@ -332,10 +505,15 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
             memory_mb: args.memory,
             ..Default::default()
         },
-        network: false,
+        network: args.network,
         mounts: Vec::new(),
         packages: args.packages.clone(),
     };
+    let mut req = req;
+    if let Some(o) = apply_gear(&engine, &mut req, &args)? {
+        report(&o, args.json)?;
+        return Ok(ExitCode::from(exit_status(&o)));
+    }
     let outcome = runtime()?.block_on(engine.execute(req, args.backend));
     report(&outcome, args.json)?;
     Ok(ExitCode::from(exit_status(&outcome)))

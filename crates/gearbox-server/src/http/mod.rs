@@ -12,6 +12,7 @@
 //! tests can drive it without a socket; [`serve`] adds the listener: a connection limit,
 //! header and body timeouts, and graceful shutdown on SIGTERM/SIGINT.
 
+mod approvals;
 pub mod auth;
 pub mod sse;
 
@@ -400,6 +401,11 @@ pub fn app(state: AppState) -> Router {
         ));
     let metrics_routes = Router::new()
         .route("/metrics", get(metrics))
+        .route("/approvals", get(approvals::list))
+        .route(
+            "/approvals/{id}",
+            get(approvals::show).post(approvals::decide),
+        )
         .with_state(state.clone());
     let open = Router::new()
         .route("/healthz", get(healthz))

@@ -1,0 +1,723 @@
+//! Safety gears end to end: `gearbox serve` over real stdio (rmcp's client), real sandboxes,
+//! a real TCP listener on the host that a granted network reaches and an ungranted one does
+//! not, human approval out of band (`gearbox approve`/`reject`, `POST /approvals/ID`) and
+//! through MCP elicitation (stateful and the stateless 2026-07-28 input-required flow).
+//! Run with `cargo test -p gearbox --test mcp_gears`.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationCapability, Implementation, InitializeRequestParams, JsonObject,
+};
+use rmcp::service::{RequestContext, RunningService};
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("gearbox-gears-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("mkdir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A host TCP service that answers every connection with `pong`: reachable only from a
+/// sandbox that was granted the network.
+struct Pong {
+    port: u16,
+}
+
+impl Pong {
+    fn start() -> Pong {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                let _ = s.write_all(b"pong\n");
+            }
+        });
+        Pong { port }
+    }
+}
+
+/// A program per language that connects to the host's `pong` service and prints what it
+/// got (or an error).
+fn connect_code(language: &str, port: u16) -> String {
+    match language {
+        "python" => format!(
+            "import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=3)\n    print(s.recv(16).decode().strip())\nexcept OSError as e:\n    print('ERR', e)\n"
+        ),
+        "javascript" => format!(
+            "const net = require('net');\nconst c = net.connect({port}, '127.0.0.1');\nc.on('data', d => {{ console.log(d.toString().trim()); c.destroy(); }});\nc.on('error', e => console.log('ERR', e.code));\n"
+        ),
+        "go" => format!(
+            "package main\n\nimport (\n\t\"bufio\"\n\t\"fmt\"\n\t\"net\"\n)\n\nfunc main() {{\n\tc, err := net.Dial(\"tcp\", \"127.0.0.1:{port}\")\n\tif err != nil {{\n\t\tfmt.Println(\"ERR\", err)\n\t\treturn\n\t}}\n\tl, _ := bufio.NewReader(c).ReadString('\\n')\n\tfmt.Print(l)\n}}\n"
+        ),
+        "bash" => {
+            format!("if exec 3<>/dev/tcp/127.0.0.1/{port}; then head -n1 <&3; else echo ERR; fi\n")
+        }
+        other => panic!("no program for {other}"),
+    }
+}
+
+/// What a model would write when it wants the network, per language (for analysis).
+fn network_code(language: &str) -> &'static str {
+    match language {
+        "python" => {
+            "import urllib.request\nprint(urllib.request.urlopen('https://example.com').status)\n"
+        }
+        "javascript" => "fetch('https://example.com').then(r => console.log(r.status));\n",
+        "go" => {
+            "package main\n\nimport \"net/http\"\n\nfunc main() { http.Get(\"https://example.com\") }\n"
+        }
+        "bash" => "curl -s https://example.com | head -c 100\n",
+        other => panic!("no program for {other}"),
+    }
+}
+
+const LANGUAGES: [&str; 4] = ["python", "javascript", "go", "bash"];
+
+/// Answers elicitations as told, and records the questions.
+#[derive(Clone)]
+struct Human {
+    answer: ElicitationAction,
+    approve: bool,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl Human {
+    fn new(answer: ElicitationAction, approve: bool) -> Human {
+        Human {
+            answer,
+            approve,
+            asked: Arc::default(),
+        }
+    }
+}
+
+impl ClientHandler for Human {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let mut caps = ClientCapabilities::default();
+        caps.elicitation = Some(ElicitationCapability::default());
+        InitializeRequestParams::new(caps, Implementation::new("gears-test", "0"))
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _ctx: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        let message = match &request {
+            ElicitRequestParams::FormElicitationParams { message, .. } => message.clone(),
+            other => format!("{other:?}"),
+        };
+        self.asked.lock().expect("lock").push(message);
+        let r = ElicitResult::new(self.answer.clone());
+        Ok(if self.answer == ElicitationAction::Accept {
+            r.with_content(json!({"approve": self.approve, "reason": "test says so"}))
+        } else {
+            r
+        })
+    }
+}
+
+struct Server<C: ClientHandler> {
+    session: RunningService<RoleClient, C>,
+    config: PathBuf,
+    _dir: TempDir,
+}
+
+fn write_config(dir: &TempDir, extra: &str) -> PathBuf {
+    let sockets = dir.0.join("approvals");
+    let config = dir.0.join("gearbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "pool = {{}}\n[approvals]\nsocket_dir = {:?}\n{extra}",
+            sockets.display().to_string()
+        ),
+    )
+    .expect("write config");
+    config
+}
+
+async fn start_with<C: ClientHandler + Clone>(client: C, gear: &str) -> Server<C> {
+    let dir = TempDir::new("srv");
+    let config = write_config(&dir, "");
+    let gear = gear.to_string();
+    let cfg = config.clone();
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(move |c| {
+            c.arg("--config").arg(&cfg).args(["serve", "--gear", &gear]);
+        }),
+    )
+    .expect("spawn gearbox serve");
+    let session = client.serve(transport).await.expect("initialize");
+    Server {
+        session,
+        config,
+        _dir: dir,
+    }
+}
+
+#[derive(Clone, Default)]
+struct Plain;
+impl ClientHandler for Plain {}
+
+async fn start(gear: &str) -> Server<Plain> {
+    start_with(Plain, gear).await
+}
+
+fn obj(v: Value) -> JsonObject {
+    match v {
+        Value::Object(o) => o,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+async fn call<C: ClientHandler>(s: &Server<C>, tool: &str, args: Value) -> CallToolResult {
+    s.session
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj(args)))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
+
+fn st(r: &CallToolResult) -> &Value {
+    r.structured_content.as_ref().expect("structuredContent")
+}
+
+/// `gearbox approve|reject ID` against the server of `config`.
+fn decide(config: &PathBuf, verb: &str, id: &str, reason: Option<&str>) -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gearbox"));
+    cmd.arg("--config").arg(config).args([verb, id]);
+    if let Some(r) = reason {
+        cmd.args(["--reason", r]);
+    }
+    let out = cmd.output().expect("run gearbox approve");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test]
+async fn read_only_runs_nothing_but_discovery_works() {
+    let s = start("read_only").await;
+    for lang in LANGUAGES {
+        let r = call(&s, "execute_code", json!({"language": lang, "code": "x"})).await;
+        assert_eq!(st(&r)["status"], "denied", "{lang}: {r:?}");
+        assert!(
+            st(&r)["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("read_only"),
+            "{r:?}"
+        );
+    }
+    let tools = s.session.list_all_tools().await.expect("tools/list");
+    assert!(tools.iter().any(|t| t.name == "execute_code"));
+    let env = s
+        .session
+        .read_resource(rmcp::model::ReadResourceRequestParams::new("gearbox://env"))
+        .await
+        .expect("resources work in read_only");
+    assert!(!env.contents.is_empty());
+}
+
+#[tokio::test]
+async fn restricted_refuses_network_with_findings_and_runs_plain_code() {
+    let s = start("restricted").await;
+    for lang in LANGUAGES {
+        let r = call(
+            &s,
+            "execute_code",
+            json!({"language": lang, "code": network_code(lang)}),
+        )
+        .await;
+        let v = st(&r);
+        assert_eq!(v["status"], "denied", "{lang}: {v}");
+        assert_eq!(r.is_error, Some(true));
+        let reason = v["reason"].as_str().unwrap_or("");
+        assert!(reason.contains("network"), "{lang}: {reason}");
+        let ext = match lang {
+            "python" => "py",
+            "javascript" => "js",
+            "go" => "go",
+            _ => "sh",
+        };
+        assert!(
+            reason.contains(&format!("main.{ext}:")),
+            "{lang}: findings with file and line: {reason}"
+        );
+        assert_eq!(v["policy"]["gear"], "restricted");
+        assert!(
+            v["policy"]["findings"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f["category"] == "network")),
+            "{lang}: {v}"
+        );
+        // Asking for it explicitly is refused too.
+        let r = call(
+            &s,
+            "execute_code",
+            json!({"language": lang, "code": "x", "network": true}),
+        )
+        .await;
+        assert_eq!(st(&r)["status"], "denied", "{lang}");
+    }
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "python", "code": "# import socket\nprint('import socket')"}),
+    )
+    .await;
+    assert_eq!(
+        st(&r)["status"],
+        "ok",
+        "comments and strings are not findings: {r:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_may_lower_the_gear_never_raise_it() {
+    let s = start("restricted").await;
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "bash", "code": "echo hi", "gear": "full_trust"}),
+    )
+    .await;
+    assert_eq!(st(&r)["status"], "denied");
+    assert!(st(&r)["reason"].as_str().unwrap_or("").contains("above"));
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "bash", "code": "echo hi", "gear": "read_only"}),
+    )
+    .await;
+    assert_eq!(st(&r)["status"], "denied");
+    assert!(
+        st(&r)["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("read_only")
+    );
+}
+
+#[tokio::test]
+async fn full_trust_grants_a_network_that_works_and_only_when_asked() {
+    let pong = Pong::start();
+    let s = start("full_trust").await;
+    for lang in LANGUAGES {
+        let code = connect_code(lang, pong.port);
+        let r = call(
+            &s,
+            "execute_code",
+            json!({"language": lang, "code": code, "network": true}),
+        )
+        .await;
+        let v = st(&r);
+        assert_eq!(v["status"], "ok", "{lang}: {v}");
+        assert!(
+            v["stdout"].as_str().unwrap_or("").contains("pong"),
+            "{lang}: granted network must reach the host service: {v}"
+        );
+        assert_eq!(v["policy"]["granted"], json!(["network"]), "{lang}");
+        // The same code without asking: no network, although analysis sees the need.
+        let r = call(&s, "execute_code", json!({"language": lang, "code": code})).await;
+        let v = st(&r);
+        assert!(
+            !v["stdout"].as_str().unwrap_or("").contains("pong"),
+            "{lang}: an ungranted network must not work: {v}"
+        );
+        assert_eq!(v["policy"]["granted"], json!([]), "{lang}");
+    }
+}
+
+#[tokio::test]
+async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
+    let pong = Pong::start();
+    let s = start("user_confirmed").await;
+    for lang in LANGUAGES {
+        let code = connect_code(lang, pong.port);
+        let args = json!({"language": lang, "code": code, "network": true});
+        let r = call(&s, "execute_code", args.clone()).await;
+        let v = st(&r).clone();
+        assert_eq!(v["status"], "pending_approval", "{lang}: {v}");
+        assert_ne!(r.is_error, Some(true), "pending is not an error");
+        let id = v["operation_id"]
+            .as_str()
+            .expect("operation_id")
+            .to_string();
+        assert_eq!(id.len(), 36);
+        // Not yet approved: still pending, nothing ran.
+        let mut again = args.clone();
+        again["operation_id"] = json!(id);
+        let r = call(&s, "execute_code", again.clone()).await;
+        assert_eq!(st(&r)["status"], "pending_approval", "{lang}");
+
+        let (ok, out) = decide(&s.config, "approve", &id, Some("go ahead"));
+        assert!(ok, "{lang}: gearbox approve: {out}");
+        // A different program with the approved id is not run.
+        let mut changed = again.clone();
+        changed["code"] = json!(format!("{code}\n"));
+        let r = call(&s, "execute_code", changed).await;
+        assert_eq!(
+            st(&r)["status"],
+            "denied",
+            "{lang}: changed code must not run"
+        );
+        assert!(st(&r)["reason"].as_str().unwrap_or("").contains("differ"));
+        // The approved one runs, with a network that works.
+        let r = call(&s, "execute_code", again.clone()).await;
+        let v = st(&r);
+        assert_eq!(v["status"], "ok", "{lang}: {v}");
+        assert!(
+            v["stdout"].as_str().unwrap_or("").contains("pong"),
+            "{lang}: {v}"
+        );
+        assert_eq!(v["policy"]["decided_by"], "human");
+        // An approval is good for one run.
+        let r = call(&s, "execute_code", again).await;
+        assert_eq!(st(&r)["status"], "denied", "{lang}: second use");
+    }
+
+    // Rejection carries the human's words.
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "python", "code": "print(1)", "network": true}),
+    )
+    .await;
+    let id = st(&r)["operation_id"].as_str().expect("id").to_string();
+    let (ok, out) = decide(&s.config, "reject", &id, Some("no network today"));
+    assert!(ok, "{out}");
+    let r = call(&s, "approval_status", json!({"operation_id": id})).await;
+    assert_eq!(st(&r)["status"], "denied");
+    assert!(
+        st(&r)["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no network today"),
+        "{r:?}"
+    );
+
+    // approval_status runs the approved request itself.
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "bash", "code": connect_code("bash", pong.port), "network": true}),
+    )
+    .await;
+    let id = st(&r)["operation_id"].as_str().expect("id").to_string();
+    let r = call(&s, "approval_status", json!({"operation_id": id})).await;
+    assert_eq!(st(&r)["status"], "pending_approval");
+    assert!(decide(&s.config, "approve", &id, None).0);
+    let r = call(&s, "approval_status", json!({"operation_id": id})).await;
+    assert_eq!(st(&r)["status"], "ok", "{r:?}");
+    assert!(st(&r)["stdout"].as_str().unwrap_or("").contains("pong"));
+
+    // Hostile or unknown ids.
+    for bad in ["../../etc/passwd", "00000000-0000-4000-8000-000000000000"] {
+        let (ok, out) = decide(&s.config, "approve", bad, None);
+        assert!(!ok, "{bad}: {out}");
+        let r = call(&s, "approval_status", json!({"operation_id": bad})).await;
+        assert_eq!(st(&r)["status"], "denied", "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn user_confirmed_asks_about_high_risk_and_detected_network() {
+    let s = start("user_confirmed").await;
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "python", "code": "print(1)"}),
+    )
+    .await;
+    assert_eq!(st(&r)["status"], "ok", "plain code needs nobody");
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "python", "code": "exec(input())", "stdin": "print(2)"}),
+    )
+    .await;
+    assert_eq!(
+        st(&r)["status"],
+        "pending_approval",
+        "dynamic evaluation: {r:?}"
+    );
+    for lang in LANGUAGES {
+        let r = call(
+            &s,
+            "execute_code",
+            json!({"language": lang, "code": network_code(lang)}),
+        )
+        .await;
+        let v = st(&r);
+        assert_eq!(v["status"], "pending_approval", "{lang}: {v}");
+        assert!(
+            v["reason"].as_str().unwrap_or("").contains("approve"),
+            "{lang}: says how to approve: {v}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn elicitation_accept_decline_cancel() {
+    let pong = Pong::start();
+    let code = connect_code("python", pong.port);
+    let args = json!({"language": "python", "code": code, "network": true});
+
+    let human = Human::new(ElicitationAction::Accept, true);
+    let s = start_with(human.clone(), "user_confirmed").await;
+    let r = call(&s, "execute_code", args.clone()).await;
+    let v = st(&r);
+    assert_eq!(v["status"], "ok", "{v}");
+    assert!(v["stdout"].as_str().unwrap_or("").contains("pong"), "{v}");
+    assert_eq!(v["policy"]["decided_by"], "elicitation");
+    let asked = human.asked.lock().expect("lock").clone();
+    assert_eq!(asked.len(), 1);
+    assert!(asked[0].contains("network"), "{asked:?}");
+    assert!(asked[0].contains("main.py:"), "findings shown: {asked:?}");
+
+    for (action, approve, word) in [
+        (ElicitationAction::Accept, false, "declined"),
+        (ElicitationAction::Decline, false, "declined"),
+        (ElicitationAction::Cancel, false, "dismissed"),
+    ] {
+        let s = start_with(Human::new(action.clone(), approve), "user_confirmed").await;
+        let r = call(&s, "execute_code", args.clone()).await;
+        let v = st(&r);
+        assert_eq!(v["status"], "denied", "{action:?}: {v}");
+        assert!(
+            v["reason"].as_str().unwrap_or("").contains(word),
+            "{action:?}: {v}"
+        );
+        assert!(!v["stdout"].as_str().unwrap_or("").contains("pong"));
+    }
+}
+
+/// The stateless revision forbids server-to-client requests: the server answers
+/// `input_required` with an elicitation and a sealed request state; rmcp's client asks its
+/// handler and retries. A tampered state or a changed request is refused.
+#[tokio::test]
+async fn stateless_input_required_elicitation() {
+    use rmcp::model::ProtocolVersion;
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+    let pong = Pong::start();
+    let dir = TempDir::new("stateless");
+    let config = write_config(&dir, "");
+    for (approve, expect) in [(true, "ok"), (false, "denied")] {
+        let cfg = config.clone();
+        let transport = TokioChildProcess::new(
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(move |c| {
+                c.arg("--config")
+                    .arg(&cfg)
+                    .args(["serve", "--gear", "user_confirmed"]);
+            }),
+        )
+        .expect("spawn");
+        let human = Human::new(ElicitationAction::Accept, approve);
+        let session = human
+            .clone()
+            .serve_with_lifecycle(
+                transport,
+                ClientLifecycleMode::Discover {
+                    preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                },
+            )
+            .await
+            .expect("server/discover");
+        let args = json!({"language": "python", "code": connect_code("python", pong.port), "network": true});
+        let r = session
+            .call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(args.clone())))
+            .await
+            .expect("call");
+        let v = r.structured_content.clone().expect("structured");
+        assert_eq!(v["status"], expect, "{v}");
+        assert_eq!(human.asked.lock().expect("lock").len(), 1);
+        if approve {
+            assert!(v["stdout"].as_str().unwrap_or("").contains("pong"), "{v}");
+            // A forged request state is refused.
+            let once = session
+                .peer()
+                .call_tool_once(
+                    CallToolRequestParams::new("execute_code")
+                        .with_arguments(obj(args))
+                        .with_request_state("rs1.forged.state")
+                        .with_input_responses(
+                            [(
+                                "approval".to_string(),
+                                json!({"action": "accept", "content": {"approve": true}}),
+                            )]
+                            .into(),
+                        ),
+                )
+                .await
+                .expect("call once");
+            let text = format!("{once:?}");
+            assert!(text.contains("denied"), "{text}");
+            assert!(!text.contains("pong"), "{text}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn cli_run_follows_the_gear() {
+    let dir = TempDir::new("cli");
+    let prog = dir.0.join("net.py");
+    std::fs::write(&prog, network_code("python")).expect("write");
+    let run = |gear: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
+            .args(["run", "--gear", gear, "--json"])
+            .arg(&prog)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("gearbox run")
+    };
+    let out = run("restricted");
+    assert_eq!(out.status.code(), Some(126));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        v["reason"].as_str().unwrap_or("").contains("network"),
+        "{v}"
+    );
+    // No terminal to ask: refused with how to proceed.
+    let out = std::process::Command::new("setsid")
+        .args([
+            "-w",
+            env!("CARGO_BIN_EXE_gearbox"),
+            "run",
+            "--gear",
+            "user_confirmed",
+            "--json",
+        ])
+        .arg(&prog)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("gearbox run");
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        v["reason"].as_str().unwrap_or("").contains("terminal"),
+        "{v}"
+    );
+}
+
+/// `POST /approvals/ID` needs an approver key: the agent's own key cannot approve.
+#[tokio::test]
+async fn http_approvals_need_an_approver_key() {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let dir = TempDir::new("http");
+    let config = write_config(&dir, "http_approvers = [\"human\"]\n");
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
+        .arg("--config")
+        .arg(&config)
+        .args(["serve", "--gear", "user_confirmed", "--http"])
+        .arg(format!("127.0.0.1:{port}"))
+        .env(
+            "GEARBOX_API_KEYS",
+            "agent:agent-key-123456,human:human-key-654321",
+        )
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..100 {
+        if http.get(format!("{base}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp"))
+            .auth_header("agent-key-123456"),
+    );
+    let session = Plain.serve(transport).await.expect("initialize over HTTP");
+    let args =
+        json!({"language": "python", "code": "print('approved over http')", "network": true});
+    let r = session
+        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(args.clone())))
+        .await
+        .expect("call");
+    let v = r.structured_content.clone().expect("s");
+    assert_eq!(v["status"], "pending_approval", "{v}");
+    let id = v["operation_id"].as_str().expect("id").to_string();
+    let post = |key: &'static str, body: Value| {
+        http.post(format!("{base}/approvals/{id}"))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+    };
+    let r = post("agent-key-123456", json!({"decision": "approve"}))
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 403, "the agent's key cannot approve");
+    let r = http
+        .post(format!("{base}/approvals/{id}"))
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 401, "no key");
+    let r = post("human-key-654321", json!({"decision": "maybe"}))
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 400);
+    let r = post(
+        "human-key-654321",
+        json!({"decision": "approve", "reason": "ok"}),
+    )
+    .await
+    .expect("post");
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["state"], "approved");
+    assert_eq!(body["decided_by"], "http:human");
+    let r = post("human-key-654321", json!({"decision": "reject"}))
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 409, "decided already");
+    let mut again = args;
+    again["operation_id"] = json!(id);
+    let r = session
+        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(again)))
+        .await
+        .expect("call");
+    let v = r.structured_content.clone().expect("s");
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["stdout"], "approved over http\n");
+    let _ = session.cancel().await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut sink = String::new();
+    let _ = std::io::empty().read_to_string(&mut sink);
+}
