@@ -844,7 +844,32 @@ impl GearboxServer {
         params: &CallToolRequestParams,
         ctx: &RequestContext<RoleServer>,
     ) -> Gate {
-        let question = gears::question(&req.language, &req.packages, &caps, &report);
+        let mut question = gears::question(&req.language, &req.packages, &caps, &report);
+        if caps.contains(&Capability::Packages) && !req.packages.is_empty() {
+            // Validate before bothering a human, and show what would be installed.
+            match self
+                .inner
+                .engine
+                .resolve_packages(&req.language, &req.packages)
+                .await
+            {
+                Ok(pkgs) => {
+                    let list: Vec<String> = pkgs
+                        .iter()
+                        .map(|p| format!("{}=={}", p.name, p.version))
+                        .collect();
+                    question.push_str(&format!(
+                        "\nThat installs (with dependencies): {}",
+                        list.join(", ")
+                    ));
+                }
+                Err(e) => {
+                    return self
+                        .gear_refusal(kind, info, &req, backend, &report, e, "auto")
+                        .await;
+                }
+            }
+        }
         let hash = gears::request_hash(&req, &caps);
         let cfg = &self.inner.approvals_cfg;
         let client_elicits = ctx

@@ -153,7 +153,7 @@ async fn tools_list_matches_the_snapshot() {
         .iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert_eq!(names, ["execute_code"]);
+    assert_eq!(names, ["execute_code", "approval_status"]);
     let info = default.session.peer_info().expect("server info");
     assert_eq!(
         info.server_info.as_ref().map(|i| i.name.as_str()),
