@@ -15,6 +15,7 @@ pub mod approvals;
 mod args;
 pub mod audit;
 mod broker;
+pub mod gears;
 pub mod http;
 pub mod limiter;
 pub mod metrics;
@@ -22,7 +23,6 @@ mod resources;
 mod server;
 mod sessions;
 mod snippets;
-pub mod gears;
 mod tools;
 
 use std::sync::Arc;
