@@ -166,16 +166,15 @@ async fn discovery_tools_list_servers_tools_schemas_and_stubs() {
         .iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert_eq!(
-        names,
-        [
-            "execute_code",
-            "servers_list",
-            "server_tools_list",
-            "tool_info",
-            "tool_stubs"
-        ]
-    );
+    for tool in [
+        "execute_code",
+        "servers_list",
+        "server_tools_list",
+        "tool_info",
+        "tool_stubs",
+    ] {
+        assert!(names.iter().any(|n| n == tool), "{tool} missing: {names:?}");
+    }
     let r = call(&s, "servers_list", json!({})).await;
     let servers = structured(&r)["servers"]
         .as_array()
