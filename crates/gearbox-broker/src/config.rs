@@ -506,7 +506,12 @@ mod tests {
             url: Some("ftp://x".into()),
             ..Default::default()
         };
-        assert!(h.resolve(&env).expect_err("invalid").to_string().contains("url"));
+        assert!(
+            h.resolve(&env)
+                .expect_err("invalid")
+                .to_string()
+                .contains("url")
+        );
         h.url = Some("http://127.0.0.1:9/mcp".into());
         h.headers
             .insert("Authorization".into(), "Bearer ${TOKEN}".into());

@@ -153,10 +153,15 @@ mod tests {
     #[test]
     fn names_round_trip() {
         for g in Gear::ALL {
-            assert_eq!(g.as_str().parse::<Gear>().unwrap(), g);
-            assert_eq!(serde_json::to_value(g).unwrap(), g.as_str());
+            assert_eq!(g.as_str().parse::<Gear>().expect("parses"), g);
+            assert_eq!(serde_json::to_value(g).expect("serializes"), g.as_str());
         }
-        assert!("turbo".parse::<Gear>().unwrap_err().contains("turbo"));
+        assert!(
+            "turbo"
+                .parse::<Gear>()
+                .expect_err("unknown")
+                .contains("turbo")
+        );
     }
 
     #[test]

@@ -765,9 +765,14 @@ impl GearboxServer {
                 reason: Some("analysis failed".into()),
             }
         });
+        let tools = tools_spec(params);
+        let mut requested = gears::requested(&req);
+        if tools.is_some() {
+            requested.insert(Capability::Tools);
+        }
         let eval = gears::evaluate(
             gear,
-            gears::requested(&req),
+            requested,
             analysis,
             self.inner.approvals_cfg.ask_on_high_risk,
         );
@@ -782,7 +787,7 @@ impl GearboxServer {
                         .await;
                 }
             };
-            let hash = gears::request_hash(&req, &caps);
+            let hash = approval_hash(&req, &caps, tools.as_deref());
             return match self.inner.approvals.take(&id, Some(&hash)) {
                 Ok(approved) => {
                     grant(&mut req, &approved.capabilities);
@@ -870,7 +875,7 @@ impl GearboxServer {
                 }
             }
         }
-        let hash = gears::request_hash(&req, &caps);
+        let hash = approval_hash(&req, &caps, tools_spec(params).as_deref());
         let cfg = &self.inner.approvals_cfg;
         let client_elicits = ctx
             .client_capabilities()
@@ -1107,6 +1112,38 @@ impl GearboxServer {
             }
             Err(e) => Ok(deny(e.to_string())),
         }
+    }
+}
+
+/// The broker arguments of a call (`allow_tools` and its limits), as canonical JSON; `None`
+/// when the call asks for no tools.
+fn tools_spec(params: &CallToolRequestParams) -> Option<String> {
+    let args = params.arguments.as_ref()?;
+    let allow = args.get("allow_tools")?;
+    if allow.as_array().is_some_and(|a| a.is_empty()) {
+        return None;
+    }
+    let mut spec = serde_json::Map::new();
+    for key in [
+        "allow_tools",
+        "wall_clock_ms",
+        "per_call_ms",
+        "max_calls",
+        "max_output_kb",
+    ] {
+        if let Some(v) = args.get(key) {
+            spec.insert(key.into(), v.clone());
+        }
+    }
+    Some(Value::Object(spec).to_string())
+}
+
+/// The approval hash of a request, bound also to the tools it may call.
+fn approval_hash(req: &ExecRequest, caps: &BTreeSet<Capability>, tools: Option<&str>) -> String {
+    let base = gears::request_hash(req, caps);
+    match tools {
+        None => base,
+        Some(t) => crate::audit::sha256_hex(format!("{base}\n{t}").as_bytes()),
     }
 }
 

@@ -59,6 +59,9 @@ struct Server {
 fn config(dir: &Path, files: &Path) -> String {
     format!(
         r#"
+# Calling other servers' tools is a capability: full_trust grants it when asked for.
+gear = "full_trust"
+
 [[targets]]
 name = "everything"
 command = "node"
