@@ -84,8 +84,8 @@ pub struct Approved {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TakeError {
     Unknown,
-    Pending(OpView),
-    Rejected(OpView),
+    Pending(Box<OpView>),
+    Rejected(Box<OpView>),
     Expired,
     Used,
     /// The request differs from the approved one.
@@ -291,8 +291,8 @@ impl Approvals {
             return Err(TakeError::Unknown);
         };
         match op.view.state {
-            OpState::Pending => return Err(TakeError::Pending(op.view.clone())),
-            OpState::Rejected => return Err(TakeError::Rejected(op.view.clone())),
+            OpState::Pending => return Err(TakeError::Pending(Box::new(op.view.clone()))),
+            OpState::Rejected => return Err(TakeError::Rejected(Box::new(op.view.clone()))),
             OpState::Expired => return Err(TakeError::Expired),
             OpState::Used => return Err(TakeError::Used),
             OpState::Approved => {}

@@ -84,6 +84,7 @@ rmcp::elicit_safe!(ApprovalAnswer);
 const APPROVAL_INPUT: &str = "approval";
 
 /// A call after the gear: run it (with what was granted), or answer without running.
+#[allow(clippy::large_enum_variant, reason = "one per call, moved once")]
 enum Gate {
     Run {
         req: ExecRequest,
@@ -683,6 +684,7 @@ impl GearboxServer {
     }
 
     /// The answer of a call the gear refused: a `denied` outcome with the findings.
+    #[allow(clippy::too_many_arguments)]
     async fn gear_refusal(
         &self,
         kind: ToolKind,

@@ -29,10 +29,14 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 /// The caller's key name when it may decide approvals.
+#[allow(
+    clippy::result_large_err,
+    reason = "the error is the HTTP answer itself"
+)]
 fn approver(state: &AppState, caller: Option<&Caller>) -> Result<String, Response> {
     let name = caller.map(|c| c.0.clone()).unwrap_or_default();
     let allowed = &state.server.engine().config().approvals.http_approvers;
-    if !name.is_empty() && name != "anonymous" && allowed.iter().any(|a| *a == name) {
+    if !name.is_empty() && name != "anonymous" && allowed.contains(&name) {
         Ok(name)
     } else {
         Err(error(
