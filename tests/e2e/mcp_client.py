@@ -83,7 +83,11 @@ async def languages_and_layout(gearbox: str) -> None:
     async with Server(gearbox) as s:
         tools = await s.list_tools()
         names = [t.name for t in tools.tools]
-        check("default profile lists execute_code only", names == ["execute_code"], str(names))
+        check(
+            "default profile lists execute_code and approval_status",
+            names == ["execute_code", "approval_status"],
+            str(names),
+        )
         tool = tools.tools[0]
         check("execute_code declares an outputSchema", bool(tool.output_schema))
         check(
@@ -233,10 +237,11 @@ async def profiles(gearbox: str) -> None:
             str(r.structured_content),
         )
         r = await s.call_tool("code_exec_python", {"code": "1", "packages": ["numpy"]})
+        sc = r.structured_content or {}
         check(
-            "heroku: packages refused clearly",
-            r.is_error and "not enabled" in text_of(r),
-            text_of(r),
+            "heroku: packages wait for a human (user_confirmed), in the drop-in shape",
+            sc.get("returncode") == -1 and "pending_approval" in (sc.get("stderr") or ""),
+            str(sc),
         )
         r = await s.call_tool("execute", {"code": "print('side')", "language": "python"})
         sc = r.structured_content or {}
@@ -337,7 +342,7 @@ async def gears_and_elicitation(gearbox: str) -> None:
             gearbox, "--gear", "user_confirmed", elicitation_callback=answering(action, approve)
         ) as s:
             r = await s.call_tool("execute_code", {"language": "python", "code": code})
-            st = r.structuredContent or {}
+            st = r.structured_content or {}
             check(
                 f"elicitation {action} approve={approve} -> {want}",
                 st.get("status") == want and len(asked) == 1,
@@ -354,7 +359,7 @@ async def gears_and_elicitation(gearbox: str) -> None:
         r = await s.call_tool(
             "execute_code", {"language": "python", "code": "import socket\nsocket.socket()"}
         )
-        st = r.structuredContent or {}
+        st = r.structured_content or {}
         check(
             "restricted refuses detected network with findings",
             st.get("status") == "denied" and "main.py:1" in (st.get("reason") or ""),

@@ -1040,7 +1040,13 @@ impl GearboxServer {
                     .metrics
                     .request(&req.language, "pending_approval");
                 req.network = false;
-                Gate::Answer(tools::pending_result(backend_name.as_str(), &view, &report).into())
+                let result = if kind == ToolKind::CodeExecPython {
+                    // The drop-in shape: returncode -1, the how-to in stderr.
+                    tools::heroku_result(&tools::pending_outcome(backend_name.as_str(), &view).0)
+                } else {
+                    tools::pending_result(backend_name.as_str(), &view, &report)
+                };
+                Gate::Answer(result.into())
             }
             Err(reason) => {
                 self.gear_refusal(kind, info, &req, backend, &report, reason, "auto")

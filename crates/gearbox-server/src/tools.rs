@@ -503,16 +503,8 @@ pub fn with_policy(mut r: CallToolResult, policy: &PolicyReport) -> CallToolResu
 /// A run waiting for a human: `pending_approval`, the operation id, what was asked and how
 /// to approve. Not an error: the agent should wait and call again.
 pub fn pending_result(backend: &str, view: &OpView, policy: &PolicyReport) -> CallToolResult {
+    let (o, how) = pending_outcome(backend, view);
     let id = &view.operation_id;
-    let how = format!(
-        "Waiting for a human to approve operation {id} (expires in {} s). A human approves \
-         it with `gearbox approve {id}` on the server's host, or `POST /approvals/{id}` on \
-         its HTTP daemon. Then call execute_code again with the same arguments plus \
-         operation_id {id:?}, or call approval_status with it.",
-        view.expires_in_secs
-    );
-    let mut o = Outcome::denied(&view.language, backend, how.clone());
-    o.status = Status::PendingApproval;
     let result = ExecuteResult {
         outcome: o,
         policy: Some(PolicyReport {
@@ -528,6 +520,21 @@ pub fn pending_result(backend: &str, view: &OpView, policy: &PolicyReport) -> Ca
     let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
     r.structured_content = serde_json::to_value(&result).ok();
     r
+}
+
+/// A `pending_approval` outcome for `view`, and the how-to-approve text it carries.
+pub fn pending_outcome(backend: &str, view: &OpView) -> (Outcome, String) {
+    let id = &view.operation_id;
+    let how = format!(
+        "Waiting for a human to approve operation {id} (expires in {} s). A human approves \
+         it with `gearbox approve {id}` on the server's host, or `POST /approvals/{id}` on \
+         its HTTP daemon. Then call execute_code again with the same arguments plus \
+         operation_id {id:?}, or call approval_status with it.",
+        view.expires_in_secs
+    );
+    let mut o = Outcome::denied(&view.language, backend, how.clone());
+    o.status = Status::PendingApproval;
+    (o, how)
 }
 
 /// The result of a tool whose structured output is the outcome itself.
