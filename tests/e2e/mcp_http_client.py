@@ -109,7 +109,7 @@ async def streamable(d: Daemon) -> None:
                 tools = await s.list_tools()
                 check(
                     "streamable HTTP: tools/list",
-                    [t.name for t in tools.tools] == ["execute_code"],
+                    [t.name for t in tools.tools] == ["execute_code", "approval_status"],
                     str([t.name for t in tools.tools]),
                 )
                 r = await s.call_tool("execute_code", {"language": "python", "code": "print(6*7)"})
