@@ -189,6 +189,34 @@ impl Value {
             _ => Value::Dynamic,
         }
     }
+
+    /// The value of a binary expression (only `+` folds) or a parenthesized one, with the
+    /// language's own evaluator for the operands. Every grammar names the fields `left`,
+    /// `operator` and `right`.
+    pub fn of_binary_or_paren(
+        node: Node,
+        src: &str,
+        depth: u32,
+        value: fn(Node, &str, u32) -> Value,
+    ) -> Value {
+        if node.kind() == "parenthesized_expression" {
+            return match node.named_child(0) {
+                Some(inner) => value(inner, src, depth + 1),
+                None => Value::Dynamic,
+            };
+        }
+        let op = node.child_by_field_name("operator").map(|o| o.kind());
+        match (
+            op,
+            node.child_by_field_name("left"),
+            node.child_by_field_name("right"),
+        ) {
+            (Some("+"), Some(l), Some(r)) => {
+                Value::concat(value(l, src, depth + 1), value(r, src, depth + 1))
+            }
+            _ => Value::Dynamic,
+        }
+    }
 }
 
 /// Unescapes the common backslash escapes of a quoted string (enough for the names and

@@ -497,23 +497,9 @@ fn value(node: Node, src: &str, depth: u32) -> Value {
             }
             out
         }
-        "binary_operator" => {
-            let op = node.child_by_field_name("operator").map(|o| o.kind());
-            match (
-                op,
-                node.child_by_field_name("left"),
-                node.child_by_field_name("right"),
-            ) {
-                (Some("+"), Some(l), Some(r)) => {
-                    Value::concat(value(l, src, depth + 1), value(r, src, depth + 1))
-                }
-                _ => Value::Dynamic,
-            }
+        "binary_operator" | "parenthesized_expression" => {
+            Value::of_binary_or_paren(node, src, depth, value)
         }
-        "parenthesized_expression" => match node.named_child(0) {
-            Some(inner) => value(inner, src, depth + 1),
-            None => Value::Dynamic,
-        },
         _ => Value::Dynamic,
     }
 }
