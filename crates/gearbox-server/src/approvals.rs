@@ -457,12 +457,12 @@ pub fn serve_local(approvals: Arc<Approvals>, dir: &Path) -> std::io::Result<Loc
     }
     {
         use std::os::unix::fs::MetadataExt;
-        if meta.uid() != rustix_euid() {
+        if meta.uid() != euid() {
             return Err(std::io::Error::other(format!(
                 "{} belongs to uid {}, not to this server's uid {}",
                 dir.display(),
                 meta.uid(),
-                rustix_euid()
+                euid()
             )));
         }
     }
@@ -476,7 +476,7 @@ pub fn serve_local(approvals: Arc<Approvals>, dir: &Path) -> std::io::Result<Loc
     let _ = std::fs::remove_file(&path);
     let listener = tokio::net::UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    let me = rustix_euid();
+    let me = euid();
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -499,7 +499,7 @@ pub fn serve_local(approvals: Arc<Approvals>, dir: &Path) -> std::io::Result<Loc
     Ok(LocalChannel { path })
 }
 
-fn rustix_euid() -> u32 {
+fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
