@@ -14,7 +14,7 @@ use gearbox_core::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::pool::WarmPool;
+use crate::pool::{Warm, WarmPool};
 use crate::wire::{
     HandOver, JailReport, JailSpec, Mode, Pooled, REPORT_FD, encode_handover, encode_header,
 };
@@ -51,7 +51,12 @@ impl Sandbox for LinuxSandbox {
     }
     fn run(&self, job: Job) -> RunFuture<'_> {
         match self.pool.take(&job) {
-            Some(warm) => Box::pin(async move { run_warm(warm, job).await.map(|(o, _)| o) }),
+            Some(Warm::Helper(warm)) => {
+                Box::pin(async move { run_warm(warm, job).await.map(|(o, _)| o) })
+            }
+            Some(Warm::Forked(slot)) => {
+                Box::pin(async move { slot.run(job).await.map(|(o, _)| o) })
+            }
             None => Box::pin(run_helper(self.helper.clone(), Mode::Linux, job)),
         }
     }
@@ -68,8 +73,14 @@ impl Sandbox for LinuxSandbox {
         let mut report = crate::probe::probe(&self.helper, Mode::Linux);
         for s in self.pool.stats() {
             report.details.push(format!(
-                "warm pool {}: {} ready (target {}), {} hits, {} misses, last refill {:.1} ms",
-                s.language, s.ready, s.target, s.hits, s.misses, s.last_refill_ms
+                "warm pool {}: {} ready (target {}), {} hits, {} misses, last refill {:.1} ms{}",
+                s.language,
+                s.ready,
+                s.target,
+                s.hits,
+                s.misses,
+                s.last_refill_ms,
+                if s.fork_server { ", fork server" } else { "" }
             ));
         }
         report
@@ -145,6 +156,15 @@ fn file_list(job: &Job) -> Vec<(String, u64)> {
 
 /// Start the helper and send it `spec`.
 pub(crate) async fn spawn(helper: &Path, spec: &JailSpec) -> Result<Spawned, SandboxError> {
+    spawn_with(helper, spec, None).await
+}
+
+/// [`spawn`], passing `zygote_fd` to the helper as [`crate::wire::ZYGOTE_FD`].
+pub(crate) async fn spawn_with(
+    helper: &Path,
+    spec: &JailSpec,
+    zygote_fd: Option<std::os::fd::RawFd>,
+) -> Result<Spawned, SandboxError> {
     let header = encode_header(spec).map_err(|e| SandboxError::Protocol(e.to_string()))?;
     let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| SandboxError::Spawn(e.into()))?;
@@ -161,6 +181,11 @@ pub(crate) async fn spawn(helper: &Path, spec: &JailSpec) -> Result<Spawned, San
     unsafe {
         cmd.pre_exec(move || {
             if libc::dup2(w, REPORT_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(z) = zygote_fd
+                && libc::dup2(z, crate::wire::ZYGOTE_FD) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -270,7 +295,7 @@ pub(crate) async fn run_warm(
 
 /// What follows a header on the helper's stdin: each file's bytes, then the program's stdin
 /// (moved out of `job`, not copied).
-fn take_payload(mut payload: Vec<Vec<u8>>, job: &mut Job) -> Vec<Vec<u8>> {
+pub(crate) fn take_payload(mut payload: Vec<Vec<u8>>, job: &mut Job) -> Vec<Vec<u8>> {
     payload.reserve(job.files.len() + 1);
     for f in &mut job.files {
         payload.push(std::mem::take(&mut f.content));
@@ -359,6 +384,25 @@ async fn finish(
         .collected
         .then(|| report_bytes.get(report_end..).unwrap_or_default().to_vec());
     tracing::debug!(timings = ?report.timings, setup_us = report.setup_us, "sandbox helper report");
+    let collect_error = report.collect_error.clone();
+    let enforced = report.enforced.clone();
+    let outcome = build_outcome(report, out, err, job, mode)?;
+    Ok(Finished {
+        outcome,
+        enforced,
+        trailer,
+        collect_error,
+    })
+}
+
+/// Turn a report and the captured output into the run's outcome (or its set-up error).
+pub(crate) fn build_outcome(
+    report: JailReport,
+    out: gearbox_core::CappedOutput,
+    err: gearbox_core::CappedOutput,
+    job: &Job,
+    mode: Mode,
+) -> Result<Outcome, SandboxError> {
     if let Some(e) = report.error {
         let mut message = e.message;
         let stderr = err.text.trim();
@@ -374,7 +418,7 @@ async fn finish(
         });
     }
     let (status, reason) = classify(&report, &job.limits);
-    let outcome = Outcome {
+    Ok(Outcome {
         status,
         exit_code: report.exit_code,
         signal: report.signal,
@@ -394,12 +438,6 @@ async fn finish(
             Mode::Linux => "linux".into(),
             Mode::Process => "process".into(),
         },
-    };
-    Ok(Finished {
-        outcome,
-        enforced: report.enforced,
-        trailer,
-        collect_error: report.collect_error,
     })
 }
 

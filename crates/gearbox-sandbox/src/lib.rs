@@ -13,6 +13,7 @@ mod jail;
 mod pool;
 mod probe;
 pub mod wire;
+mod zygote;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};
 pub use jail::CgroupSupport;

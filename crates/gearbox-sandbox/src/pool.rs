@@ -8,6 +8,11 @@
 //!
 //! Only jobs whose sandbox is identical to the pool's template are served warm (same
 //! language, environment, limits, mounts, no network); any other job starts cold.
+//!
+//! Where the language has a fork server (`zygote.rs`: Python) and the host gives per-run
+//! cgroups, a warm sandbox is a slot forked from the key's fork server instead of a whole
+//! helper: a few forks instead of two process starts and an interpreter start. A fork server
+//! that fails three times in a row is given up for helper-built sandboxes.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -20,6 +25,34 @@ use serde::Serialize;
 
 use crate::backend::{Spawned, spawn, spec_for};
 use crate::wire::{Mode, Pooled};
+use crate::zygote::{self, Zygote};
+
+/// Consecutive failures after which a key's fork server is given up.
+const FORK_SERVER_FAILURES: u32 = 3;
+
+/// One warm sandbox.
+pub(crate) enum Warm {
+    /// A helper whose init built the sandbox and waits for the hand-over.
+    Helper(Spawned),
+    /// A slot of a fork server.
+    Forked(zygote::Slot),
+}
+
+impl Warm {
+    /// Still built and waiting (not killed, not failed).
+    fn waiting(&mut self) -> bool {
+        match self {
+            Warm::Helper(sp) => matches!(sp.child.try_wait(), Ok(None)),
+            Warm::Forked(slot) => slot.waiting(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct ForkServer {
+    zygote: Option<Arc<Zygote>>,
+    failures: u32,
+}
 
 /// Most warm sandboxes one key may hold, whatever the demand.
 pub const MAX_PER_KEY: usize = 8;
@@ -45,8 +78,10 @@ struct Slot {
     template: Job,
     min: usize,
     target: usize,
-    ready: VecDeque<Spawned>,
+    ready: VecDeque<Warm>,
     filling: usize,
+    /// The fork-server launcher serving this key, if any.
+    fork_server: Option<&'static str>,
     hits: u64,
     misses: u64,
     last_refill_ms: f64,
@@ -63,11 +98,14 @@ pub struct PoolStats {
     pub misses: u64,
     /// Time to build the last replacement sandbox, in ms.
     pub last_refill_ms: f64,
+    /// Served by a fork server (false: each warm sandbox is built by its own helper).
+    pub fork_server: bool,
 }
 
 pub struct WarmPool {
     helper: PathBuf,
     slots: Mutex<HashMap<String, Slot>>,
+    fork_servers: tokio::sync::Mutex<HashMap<String, ForkServer>>,
     spawned: AtomicU64,
 }
 
@@ -76,6 +114,7 @@ impl WarmPool {
         Arc::new(WarmPool {
             helper,
             slots: Mutex::new(HashMap::new()),
+            fork_servers: tokio::sync::Mutex::new(HashMap::new()),
             spawned: AtomicU64::new(0),
         })
     }
@@ -88,6 +127,12 @@ impl WarmPool {
     pub fn keep(self: &Arc<Self>, template: Job, min: usize) {
         let Some(k) = key(&template) else { return };
         let min = min.min(MAX_PER_KEY);
+        let fork_server = template
+            .launcher
+            .as_ref()
+            .and_then(|(name, _)| zygote::zygote_launcher(name))
+            .filter(|_| std::env::var("GEARBOX_FORK_SERVER").as_deref() != Ok("0"))
+            .filter(|_| zygote::supported());
         self.slots().insert(
             k.clone(),
             Slot {
@@ -96,6 +141,7 @@ impl WarmPool {
                 target: min,
                 ready: VecDeque::new(),
                 filling: 0,
+                fork_server,
                 hits: 0,
                 misses: 0,
                 last_refill_ms: 0.0,
@@ -106,15 +152,15 @@ impl WarmPool {
     }
 
     /// A warm sandbox for `job`, if one is ready.
-    pub(crate) fn take(self: &Arc<Self>, job: &Job) -> Option<Spawned> {
+    pub(crate) fn take(self: &Arc<Self>, job: &Job) -> Option<Warm> {
         let k = key(job)?;
         let taken = {
             let mut slots = self.slots();
             let slot = slots.get_mut(&k)?;
             let mut taken = None;
             while let Some(mut sp) = slot.ready.pop_front() {
-                // A sandbox whose helper died (killed, or failed to build) is dropped.
-                if matches!(sp.child.try_wait(), Ok(None)) {
+                // A sandbox that died (killed, or failed to build) is dropped.
+                if sp.waiting() {
                     taken = Some(sp);
                     break;
                 }
@@ -147,13 +193,13 @@ impl WarmPool {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (template, n) = {
+        let (template, n, fork_server) = {
             let mut slots = self.slots();
             let Some(slot) = slots.get_mut(k) else { return };
             let have = slot.ready.len() + slot.filling;
             let n = slot.target.saturating_sub(have);
             slot.filling += n;
-            (slot.template.clone(), n)
+            (slot.template.clone(), n, slot.fork_server)
         };
         for _ in 0..n {
             let pool = Arc::clone(self);
@@ -161,11 +207,17 @@ impl WarmPool {
             let template = template.clone();
             rt.spawn(async move {
                 let t = Instant::now();
-                let pooled = Pooled {
-                    launcher: template.launcher.clone(),
+                let built = match fork_server {
+                    Some(launcher) => pool.fork(&k, &template, launcher).await,
+                    None => {
+                        let pooled = Pooled {
+                            launcher: template.launcher.clone(),
+                            zygote: false,
+                        };
+                        let spec = spec_for(Mode::Linux, &template, Some(pooled));
+                        spawn(&pool.helper, &spec).await.map(Warm::Helper)
+                    }
                 };
-                let spec = spec_for(Mode::Linux, &template, Some(pooled));
-                let built = spawn(&pool.helper, &spec).await;
                 pool.spawned.fetch_add(1, Ordering::Relaxed);
                 let mut slots = pool.slots();
                 if let Some(slot) = slots.get_mut(&k) {
@@ -180,6 +232,50 @@ impl WarmPool {
         }
     }
 
+    /// A slot of `k`'s fork server, starting the server when it is not running.
+    async fn fork(
+        &self,
+        k: &str,
+        template: &Job,
+        launcher: &'static str,
+    ) -> Result<Warm, gearbox_core::SandboxError> {
+        let zygote = {
+            let mut servers = self.fork_servers.lock().await;
+            let server = servers.entry(k.to_string()).or_default();
+            match &server.zygote {
+                Some(z) if z.alive() => Arc::clone(z),
+                _ => {
+                    let z = Zygote::start(&self.helper, template, launcher).await?;
+                    server.zygote = Some(Arc::clone(&z));
+                    z
+                }
+            }
+        };
+        let built = zygote.slot().await;
+        let mut servers = self.fork_servers.lock().await;
+        let server = servers.entry(k.to_string()).or_default();
+        match built {
+            Ok(slot) => {
+                server.failures = 0;
+                Ok(Warm::Forked(slot))
+            }
+            Err(e) => {
+                server.failures += 1;
+                if !zygote.alive() {
+                    server.zygote = None;
+                }
+                if server.failures >= FORK_SERVER_FAILURES {
+                    tracing::warn!(error = %e, "fork server failed {FORK_SERVER_FAILURES} times in a row; warm sandboxes of this key are built by helpers from now on");
+                    server.zygote = None;
+                    if let Some(slot) = self.slots().get_mut(k) {
+                        slot.fork_server = None;
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
     pub fn stats(&self) -> Vec<PoolStats> {
         let mut v: Vec<PoolStats> = self
             .slots()
@@ -191,6 +287,7 @@ impl WarmPool {
                 hits: s.hits,
                 misses: s.misses,
                 last_refill_ms: s.last_refill_ms,
+                fork_server: s.fork_server.is_some(),
             })
             .collect();
         v.sort_by(|a, b| a.language.cmp(&b.language));

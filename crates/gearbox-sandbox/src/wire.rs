@@ -20,6 +20,9 @@ use serde::{Deserialize, Serialize};
 pub const MAX_SPEC_BYTES: u32 = 16 * 1024 * 1024;
 /// The fd on which the helper writes its report.
 pub const REPORT_FD: i32 = 3;
+/// The fd on which a fork server's helper receives the server's control socket, passed on
+/// to the fork server (see `zygote.rs`).
+pub const ZYGOTE_FD: i32 = 4;
 
 /// How the helper isolates the program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +63,10 @@ pub struct Pooled {
     /// Built-in launcher name and the command that starts it; `None`: the program is
     /// exec'd at hand-over.
     pub launcher: Option<(String, Vec<String>)>,
+    /// Start the launcher as a fork server instead: it keeps the capabilities to build
+    /// per-run namespaces and forks one single-use sandbox per request (`zygote.rs`).
+    #[serde(default)]
+    pub zygote: bool,
 }
 
 /// The program handed to a warm sandbox: written to the helper's stdin (read by init) as a

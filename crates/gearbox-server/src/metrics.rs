@@ -241,6 +241,7 @@ mod tests {
             hits: 5,
             misses: 1,
             last_refill_ms: 12.5,
+            fork_server: true,
         }];
         let text = m.encode(&Limiter::new(2, 3), &pool);
         for needle in [

@@ -105,7 +105,10 @@ impl Cgroup {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        let name = format!("run-{}-{nanos}", std::process::id());
+        // A server builds many cgroups at once (fork-server slots): a counter keeps names apart.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("run-{}-{nanos}-{seq}", std::process::id());
         let mut cg = Cgroup {
             dirs: vec![],
             memory: None,

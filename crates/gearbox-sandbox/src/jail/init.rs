@@ -32,7 +32,7 @@ pub fn main(
         exit(1);
     }
     let t0 = std::time::Instant::now();
-    if let Err(e) = setup(spec, files) {
+    if let Err(e) = setup(spec, files, filters) {
         fail(&st_w, e);
     }
     // Wait for the cgroup: the program must start inside it.
@@ -55,6 +55,7 @@ pub fn main(
     }
     let run = match &spec.pooled {
         None => start_cold(spec, env, filters, have_cgroup, &st_w, t0),
+        Some(pool) if pool.zygote => start_zygote(pool, env, &st_w, t0),
         Some(pool) => start_pooled(spec, pool, env, filters, have_cgroup, &st_w, t0),
     };
     let child = match run {
@@ -237,8 +238,127 @@ fn start_pooled(
     }
 }
 
+/// A fork server: the launcher, started with the server's control socket on fd 4 and only
+/// the capabilities it needs to build per-run namespaces
+/// (ambient, so they survive exec; all inside this sandbox's user namespace). It runs no
+/// program itself; each run it forks drops every capability and applies the same rlimits,
+/// Landlock rules and seccomp filters as [`program::exec`] before reading its program.
+fn start_zygote(
+    pool: &Pooled,
+    env: &[(String, String)],
+    st_w: &OwnedFd,
+    t0: std::time::Instant,
+) -> Result<Pid, StepError> {
+    use super::Step;
+    let Some((_, argv)) = &pool.launcher else {
+        return Err(StepError {
+            step: "start fork server".into(),
+            message: "a fork server needs a launcher".into(),
+        });
+    };
+    let argv_c = argv
+        .iter()
+        .map(|a| std::ffi::CString::new(a.as_str()))
+        .collect::<Result<Vec<_>, _>>()
+        .step("prepare argv")?;
+    let envp = env
+        .iter()
+        .map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .step("prepare environment")?;
+    // SAFETY: init is single-threaded (a fork of the single-threaded helper).
+    match unsafe { fork() }.step("fork fork server")? {
+        ForkResult::Child => {
+            let err = exec_zygote(&argv_c, &envp);
+            fail(
+                st_w,
+                StepError {
+                    step: "start fork server".into(),
+                    message: err.to_string(),
+                },
+            );
+        }
+        ForkResult::Parent { child } => {
+            Msg::Ready {
+                root_us: t0.elapsed().as_micros() as u64,
+            }
+            .send(st_w);
+            Ok(child)
+        }
+    }
+}
+
+/// Capabilities a fork server keeps: new namespaces and mounts, the loopback interface, and
+/// emptying its programs' bounding sets.
+/// (`linux/capability.h`: CAP_SETPCAP 8, CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21.)
+const ZYGOTE_CAPS: [u32; 3] = [8, 12, 21];
+
+fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
+    let last = std::io::Error::last_os_error;
+    // SAFETY: fcntl/close_range on fd numbers of this process: everything above stderr but
+    // the control socket closes at exec.
+    unsafe {
+        if libc::fcntl(crate::wire::ZYGOTE_FD, libc::F_SETFD, 0) < 0 {
+            return last();
+        }
+        libc::syscall(libc::SYS_close_range, 3u32, 3u32, libc::CLOSE_RANGE_CLOEXEC);
+        libc::syscall(
+            libc::SYS_close_range,
+            5u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    for cap in ZYGOTE_CAPS {
+        let (i, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
+        data[i].effective |= bit;
+        data[i].permitted |= bit;
+        data[i].inheritable |= bit;
+    }
+    // SAFETY: capset reads a v3 header and two data structs on this stack frame; prctl takes
+    // integers only.
+    unsafe {
+        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
+            return last();
+        }
+        for cap in ZYGOTE_CAPS {
+            if libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                cap as libc::c_ulong,
+                0,
+                0,
+            ) != 0
+            {
+                return last();
+            }
+        }
+    }
+    match nix::unistd::execve(&argv[0], argv, envp) {
+        Err(e) => e.into(),
+        Ok(never) => match never {},
+    }
+}
+
 /// Become the sandbox user (keeping capabilities inside the namespace), then build the root.
-fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
+fn setup(spec: &JailSpec, files: Vec<Vec<u8>>, filters: &[BpfProgram]) -> Result<(), StepError> {
     use super::Step;
     let id = SANDBOX_ID;
     nix::unistd::setresgid(Gid::from_raw(id), Gid::from_raw(id), Gid::from_raw(id))
@@ -248,7 +368,7 @@ fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
     // Changing credentials clears the parent-death signal: set it again, so that a helper
     // killed from now on still takes init (and with it the whole pid namespace) along.
     super::die_with_parent(0).step("tie init to helper")?;
-    mount::build_root(spec, &files)?;
+    mount::build_root(spec, &files, filters)?;
     nix::unistd::sethostname("gearbox").step("set hostname")?;
     if !spec.network {
         loopback_up().step("bring up loopback")?;

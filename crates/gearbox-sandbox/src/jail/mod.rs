@@ -30,6 +30,7 @@ use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+pub(crate) use cgroup::Cgroup;
 pub use cgroup::CgroupSupport;
 
 use crate::wire::{JailReport, Mode, REPORT_FD, StepError, read_request};
@@ -99,6 +100,7 @@ pub(crate) fn launcher_script(name: &str) -> Option<&'static str> {
     match name {
         "python" => Some(include_str!("../launchers/python.py")),
         "node" => Some(include_str!("../launchers/node.js")),
+        "python-zygote" => Some(include_str!("../launchers/python_zygote.py")),
         _ => None,
     }
 }

@@ -38,7 +38,11 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 /// /proc entries re-bound read-only (and kernel knobs the program must never write).
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
-pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
+pub fn build_root(
+    spec: &JailSpec,
+    files: &[Vec<u8>],
+    filters: &[seccompiler::BpfProgram],
+) -> Result<(), StepError> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
         .step("make mounts private")?;
@@ -67,8 +71,12 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     write_files(&root.join("work"), &spec.files, files)?;
     if let Some(Pooled {
         launcher: Some((name, _)),
+        zygote,
     }) = &spec.pooled
     {
+        if *zygote {
+            write_zygote_files(root, spec, filters)?;
+        }
         let script = super::launcher_script(name).ok_or_else(|| StepError {
             step: "write launcher".into(),
             message: format!("no built-in launcher {name:?}"),
@@ -97,6 +105,38 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     )
     .step("make root read-only")?;
     Ok(())
+}
+
+/// What a fork server needs beside its script (see `launchers/python_zygote.py`): empty
+/// mount points for each run's scratch and /proc, the compiled seccomp filters (the same
+/// BPF the cold path installs), and the limits its programs apply to themselves.
+fn write_zygote_files(
+    root: &Path,
+    spec: &JailSpec,
+    filters: &[seccompiler::BpfProgram],
+) -> Result<(), StepError> {
+    let dir = root.join(".gearbox");
+    for sub in ["stage", "proc"] {
+        fs::create_dir_all(dir.join(sub)).step("create fork server mount points")?;
+    }
+    for (i, filter) in filters.iter().enumerate() {
+        let mut bytes = Vec::with_capacity(filter.len() * 8);
+        for insn in filter {
+            bytes.extend_from_slice(&insn.code.to_ne_bytes());
+            bytes.push(insn.jt);
+            bytes.push(insn.jf);
+            bytes.extend_from_slice(&insn.k.to_ne_bytes());
+        }
+        fs::write(dir.join(format!("seccomp-{i}.bpf")), bytes).step("write seccomp filters")?;
+    }
+    let l = &spec.limits;
+    let config = serde_json::json!({
+        "disk_mb": l.disk_mb,
+        "open_files": l.open_files,
+        "file_size_mb": l.file_size_mb,
+        "cpu_s": l.effective_cpu_ms().div_ceil(1000).max(1),
+    });
+    fs::write(dir.join("zygote.json"), config.to_string()).step("write fork server limits")
 }
 
 fn inside(root: &Path, host: &Path) -> PathBuf {

@@ -385,6 +385,10 @@ async fn warm_pool_serves_identical_runs_once_each() {
         .find(|s| s.language == "python")
         .expect("python pool");
     assert!(py.hits >= 4, "{stats:?}");
+    // As root (per-run cgroups), Python's warm sandboxes come from its fork server.
+    if crate::support::is_root() {
+        assert!(py.fork_server, "{stats:?}");
+    }
     let sh = stats
         .iter()
         .find(|s| s.language == "bash")

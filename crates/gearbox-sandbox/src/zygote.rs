@@ -1,0 +1,508 @@
+//! The fork server ("zygote"): warm Python sandboxes that cost a few forks instead of a
+//! helper, namespaces from scratch and an interpreter start.
+//!
+//! One zygote runs per pool key, inside a sandbox built like any other (the helper's init
+//! builds the root and starts `launchers/python_zygote.py` with the Landlock ruleset on fd 3
+//! and a `SOCK_SEQPACKET` control socket on fd 4). For each slot the server sends one packet
+//! with four fds: the slot's own control socket, and the program's stdin, stdout and stderr
+//! pipes. The zygote forks; the child builds a fresh set of mount, network, IPC, UTS, pid
+//! and cgroup namespaces and scratch tmpfs, forks the run's pid 1, which mounts its /proc and
+//! forks the program, which restricts itself exactly as the cold path's program does
+//! (setsid, rlimits, every capability dropped, no_new_privs, Landlock, the same compiled
+//! seccomp filters) and then blocks reading its program from stdin. Nothing is shared
+//! between runs but the read-only root and the zygote's pristine memory (copy-on-write).
+//!
+//! The slot speaks one JSON message per packet; the kernel attaches each sender's pid
+//! (`SO_PASSCRED`), translated into the server's pid namespace. The server puts the slot in
+//! a cgroup of its own before it builds anything (`hello` → `go`), keeps a pidfd to the
+//! run's pid 1 (killing it kills every process of the run), and counts the run's time from
+//! the program's `started`.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gearbox_core::{Job, Limits, Outcome, SandboxError, read_capped_until};
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+    UnixCredentials, recvmsg, sendmsg, setsockopt, socketpair, sockopt,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::io::unix::AsyncFd;
+
+use crate::backend::{Spawned, build_outcome, spawn_with, spec_for, take_payload};
+use crate::jail::Cgroup;
+use crate::wire::{HandOver, JailReport, Mode, Pooled, StepError, encode_handover};
+
+/// How long a slot may take from request to ready (the first slot waits for the zygote).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a program may take from hand-over to `started` (reading its files).
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long output is still read after the run's pid 1 reported the exit.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+
+/// The built-in launchers that have a fork server, by launcher name.
+pub(crate) fn zygote_launcher(launcher: &str) -> Option<&'static str> {
+    match launcher {
+        "python" => Some("python-zygote"),
+        _ => None,
+    }
+}
+
+/// Whether this server can run fork servers: they need per-run cgroups (the pids and
+/// memory limits of each run; see docs/PERFORMANCE.md), so root and a cgroup mount.
+pub(crate) fn supported() -> bool {
+    nix::unistd::Uid::current().is_root()
+        && !matches!(
+            crate::jail::CgroupSupport::detect(),
+            crate::jail::CgroupSupport::None { .. }
+        )
+}
+
+/// One message of a slot.
+#[derive(Debug, serde::Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+enum SlotMsg {
+    Hello,
+    Ready,
+    Applied {
+        mechanisms: Vec<String>,
+    },
+    Failed {
+        step: String,
+        message: String,
+    },
+    Started,
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        cpu_time_ms: u64,
+        max_rss_kb: u64,
+    },
+}
+
+/// A running fork server.
+pub(crate) struct Zygote {
+    control: Mutex<OwnedFd>,
+    helper: Mutex<tokio::process::Child>,
+    limits: Limits,
+}
+
+impl Zygote {
+    /// Start a fork server for jobs like `template` (whose launcher is `launcher`).
+    pub async fn start(
+        helper: &Path,
+        template: &Job,
+        launcher: &str,
+    ) -> Result<Arc<Zygote>, SandboxError> {
+        let argv = template
+            .launcher
+            .as_ref()
+            .map(|(_, argv)| argv.clone())
+            .ok_or_else(|| SandboxError::Protocol("no launcher".into()))?;
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| SandboxError::Spawn(e.into()))?;
+        let pooled = Pooled {
+            launcher: Some((launcher.to_string(), argv)),
+            zygote: true,
+        };
+        let spec = spec_for(Mode::Linux, template, Some(pooled));
+        let Spawned {
+            child,
+            mut stdin,
+            stdout,
+            stderr,
+            report,
+        } = spawn_with(helper, &spec, Some(theirs.as_raw_fd())).await?;
+        drop(theirs);
+        let _ = stdin.shutdown().await;
+        // The zygote's own output and the helper's report arrive only if it fails: log them.
+        tokio::spawn(async move {
+            let never = std::future::pending::<()>();
+            let (out, err) = tokio::join!(
+                read_capped_until(stdout, 64 * 1024, std::future::pending::<()>()),
+                read_capped_until(stderr, 64 * 1024, never)
+            );
+            let mut report = report;
+            let mut buf = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut report, &mut buf).await;
+            tracing::warn!(
+                stdout = %out.text.trim(),
+                stderr = %err.text.trim(),
+                report = %String::from_utf8_lossy(&buf),
+                "fork server ended"
+            );
+        });
+        Ok(Arc::new(Zygote {
+            control: Mutex::new(ours),
+            helper: Mutex::new(child),
+            limits: template.limits,
+        }))
+    }
+
+    pub fn alive(&self) -> bool {
+        let mut child = self.helper.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(child.try_wait(), Ok(None))
+    }
+
+    /// Ask for one single-use sandbox and wait until its program is restricted and waits.
+    pub async fn slot(&self) -> Result<Slot, SandboxError> {
+        let setup = |step: &str, e: String| SandboxError::Setup {
+            step: step.to_string(),
+            message: e,
+        };
+        let (chan, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| SandboxError::Spawn(e.into()))?;
+        setsockopt(&chan, sockopt::PassCred, &true).map_err(|e| SandboxError::Spawn(e.into()))?;
+        // Non-blocking on our side only: the slot's end stays blocking.
+        nix::fcntl::fcntl(
+            &chan,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .map_err(|e| SandboxError::Spawn(e.into()))?;
+        let (stdin_r, stdin_w) = pipe()?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        {
+            let control = self.control.lock().unwrap_or_else(|p| p.into_inner());
+            let fds = [
+                theirs.as_raw_fd(),
+                stdin_r.as_raw_fd(),
+                stdout_w.as_raw_fd(),
+                stderr_w.as_raw_fd(),
+            ];
+            sendmsg::<()>(
+                control.as_raw_fd(),
+                &[IoSlice::new(b"slot")],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+            .map_err(|e| setup("ask fork server", e.to_string()))?;
+        }
+        drop((theirs, stdin_r, stdout_w, stderr_w));
+        // SAFETY: `chan` is an open socket owned by the AsyncFd for its whole life.
+        let chan = unsafe { AsyncFd::register(chan) }.map_err(|e| SandboxError::Spawn(e.into()))?;
+        let deadline = tokio::time::Instant::now() + BUILD_TIMEOUT;
+        let (msg, pid) = next_built(&chan, deadline).await?;
+        let Ok(SlotMsg::Hello) = serde_json::from_slice(&msg) else {
+            return Err(setup("build slot", "unexpected first message".into()));
+        };
+        let pid = pid.ok_or_else(|| setup("build slot", "no sender credentials".into()))?;
+        let limits = self.limits;
+        let cgroup = tokio::task::spawn_blocking(move || {
+            Cgroup::create(&limits).and_then(|cg| cg.attach(pid).map(|()| cg))
+        })
+        .await
+        .map_err(|e| setup("join cgroup", e.to_string()))?
+        .map_err(|e| setup("join cgroup", e))?;
+        send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup("build slot", e.to_string()))?;
+        let mut enforced = cgroup.describe();
+        let mut init_pidfd = None;
+        let mut applied = false;
+        while init_pidfd.is_none() || !applied {
+            let (msg, pid) = next_built(&chan, deadline).await?;
+            match serde_json::from_slice::<SlotMsg>(&msg) {
+                Ok(SlotMsg::Ready) => {
+                    let pid = pid.ok_or_else(|| setup("build slot", "no sender pid".into()))?;
+                    init_pidfd = Some(pidfd_open(pid).map_err(SandboxError::Spawn)?);
+                }
+                Ok(SlotMsg::Applied { mechanisms }) => {
+                    enforced.extend(mechanisms);
+                    applied = true;
+                }
+                Ok(SlotMsg::Failed { step, message }) => return Err(setup(&step, message)),
+                _ => return Err(setup("build slot", "unexpected message".into())),
+            }
+        }
+        let Some(init) = init_pidfd else {
+            return Err(setup("build slot", "no pid 1".into()));
+        };
+        enforced.push(
+            "namespaces: user (shared by the fork server's runs), mount, pid, net (loopback \
+             only), ipc, uts, cgroup: fresh per run"
+                .into(),
+        );
+        Ok(Slot {
+            chan,
+            init,
+            stdin: stdin_w,
+            stdout: stdout_r,
+            stderr: stderr_r,
+            cgroup,
+            enforced,
+        })
+    }
+}
+
+/// One built, waiting, single-use sandbox of a fork server.
+pub(crate) struct Slot {
+    chan: AsyncFd<OwnedFd>,
+    init: OwnedFd,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    cgroup: Cgroup,
+    enforced: Vec<String>,
+}
+
+impl Slot {
+    /// Still waiting for its program: nothing was said and nothing closed since it was built.
+    pub fn waiting(&self) -> bool {
+        let mut buf = [0u8; 1];
+        matches!(
+            nix::sys::socket::recv(
+                self.chan.get_ref().as_raw_fd(),
+                &mut buf,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+            ),
+            Err(nix::errno::Errno::EAGAIN)
+        )
+    }
+
+    /// Hand `job` over and wait for it.
+    pub async fn run(self, job: Job) -> Result<(Outcome, Vec<String>), SandboxError> {
+        let env = crate::jail::program_env(&job.env, "/work", "/tmp");
+        let handover = HandOver {
+            argv: job.argv.clone(),
+            program_argv: job.program_argv.clone(),
+            env: env.into_iter().collect(),
+            files: job
+                .files
+                .iter()
+                .map(|f| (f.path.clone(), f.content.len() as u64))
+                .collect(),
+        };
+        let header =
+            encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?;
+        let mut job = job;
+        let payload = take_payload(vec![header], &mut job);
+        let Slot {
+            chan,
+            init,
+            stdin,
+            stdout,
+            stderr,
+            cgroup,
+            enforced,
+        } = self;
+        // Killing the run's pid 1 makes the kernel kill every process of its pid namespace.
+        let slot_kill = move || {
+            // SAFETY: pidfd_send_signal on a pidfd we own; no memory is passed.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    init.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        };
+        let mut stdin =
+            tokio::net::unix::pipe::Sender::from_owned_fd(stdin).map_err(SandboxError::Spawn)?;
+        let stdout =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(SandboxError::Spawn)?;
+        let stderr =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(SandboxError::Spawn)?;
+        let handed = Instant::now();
+        let writer = async move {
+            // A program that exits without reading its stdin closes the pipe: expected.
+            for chunk in &payload {
+                if stdin.write_all(chunk).await.is_err() {
+                    break;
+                }
+            }
+            drop(stdin);
+        };
+        let (exited_tx, exited_rx) = tokio::sync::watch::channel(false);
+        let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|v| *v).await;
+            tokio::time::sleep(DRAIN_AFTER_EXIT).await;
+        };
+        let cap = job.limits.output_bytes;
+        let out_reader = read_capped_until(stdout, cap, stop(exited_rx.clone()));
+        let err_reader = read_capped_until(stderr, cap, stop(exited_rx));
+        let timeout = Duration::from_millis(job.limits.timeout_ms);
+        let watcher = async {
+            let mut report = JailReport {
+                enforced,
+                ..JailReport::default()
+            };
+            let mut started: Option<Instant> = None;
+            loop {
+                let deadline = match started {
+                    Some(s) => s + timeout,
+                    None => handed + HANDOVER_TIMEOUT,
+                };
+                match tokio::time::timeout_at(deadline.into(), recv(&chan)).await {
+                    Err(_) => {
+                        slot_kill();
+                        match started {
+                            Some(s) => {
+                                report.timed_out = true;
+                                report.duration_us = s.elapsed().as_micros() as u64;
+                            }
+                            None => {
+                                report.error = Some(StepError {
+                                    step: "hand over".into(),
+                                    message: format!(
+                                        "the program did not start within {HANDOVER_TIMEOUT:?}"
+                                    ),
+                                });
+                            }
+                        }
+                        break;
+                    }
+                    Ok(Ok(Some((msg, _)))) => match serde_json::from_slice::<SlotMsg>(&msg) {
+                        Ok(SlotMsg::Started) => {
+                            let now = Instant::now();
+                            report.setup_us = now.duration_since(handed).as_micros() as u64;
+                            started = Some(now);
+                        }
+                        Ok(SlotMsg::Failed { step, message }) => {
+                            slot_kill();
+                            report.error = Some(StepError { step, message });
+                            break;
+                        }
+                        Ok(SlotMsg::Exited {
+                            code,
+                            signal,
+                            cpu_time_ms,
+                            max_rss_kb,
+                        }) => {
+                            report.duration_us =
+                                started.map(|s| s.elapsed().as_micros() as u64).unwrap_or(0);
+                            report.exit_code = code;
+                            report.signal = signal;
+                            report.cpu_time_ms = Some(cpu_time_ms);
+                            report.peak_memory_kb = Some(max_rss_kb);
+                            break;
+                        }
+                        _ => {}
+                    },
+                    Ok(Ok(None)) | Ok(Err(_)) => {
+                        slot_kill();
+                        report.error = Some(StepError {
+                            step: "wait for program".into(),
+                            message: "the sandbox ended without a report".into(),
+                        });
+                        break;
+                    }
+                }
+            }
+            let _ = exited_tx.send(true);
+            report
+        };
+        let ((), out, err, mut report) = tokio::join!(writer, out_reader, err_reader, watcher);
+        let cgroup = tokio::task::spawn_blocking(move || {
+            cgroup.kill_all();
+            let stats = (
+                cgroup.oom_killed(),
+                cgroup.peak_memory_kb(),
+                cgroup.cpu_time_ms(),
+            );
+            (cgroup, stats)
+        })
+        .await;
+        if let Ok((cgroup, (oom, peak, cpu))) = cgroup {
+            report.oom_killed = oom;
+            if let Some(kb) = peak {
+                report.peak_memory_kb = Some(kb);
+            }
+            if let Some(ms) = cpu {
+                report.cpu_time_ms = Some(ms);
+            }
+            // Removing a memory cgroup can take milliseconds: not on the answer's path.
+            tokio::task::spawn_blocking(move || drop(cgroup));
+        }
+        let enforced = report.enforced.clone();
+        build_outcome(report, out, err, &job, Mode::Linux).map(|o| (o, enforced))
+    }
+}
+
+/// The next packet of a slot being built, or why there is none.
+async fn next_built(
+    chan: &AsyncFd<OwnedFd>,
+    deadline: tokio::time::Instant,
+) -> Result<(Vec<u8>, Option<i32>), SandboxError> {
+    let setup = |message: String| SandboxError::Setup {
+        step: "build slot".into(),
+        message,
+    };
+    match tokio::time::timeout_at(deadline, recv(chan)).await {
+        Err(_) => Err(setup(format!("took longer than {BUILD_TIMEOUT:?}"))),
+        Ok(Err(e)) => Err(setup(e.to_string())),
+        Ok(Ok(None)) => Err(setup("the fork server closed the slot".into())),
+        Ok(Ok(Some(m))) => Ok(m),
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::Spawn(e.into()))
+}
+
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes integers and returns a new fd we then own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd returned by the kernel, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn send(chan: &AsyncFd<OwnedFd>, msg: &[u8]) -> nix::Result<usize> {
+    nix::sys::socket::send(
+        chan.get_ref().as_raw_fd(),
+        msg,
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+    )
+}
+
+/// The next packet and its sender's pid (in this process's pid namespace); `None` at EOF.
+async fn recv(chan: &AsyncFd<OwnedFd>) -> std::io::Result<Option<(Vec<u8>, Option<i32>)>> {
+    loop {
+        let mut guard = chan.readable().await?;
+        let got = guard.try_io(|fd| {
+            let mut buf = [0u8; 4096];
+            let mut space = nix::cmsg_space!(UnixCredentials);
+            let (n, pid) = {
+                let mut iov = [IoSliceMut::new(&mut buf)];
+                let msg = recvmsg::<()>(
+                    fd.get_ref().as_raw_fd(),
+                    &mut iov,
+                    Some(&mut space),
+                    MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+                )
+                .map_err(std::io::Error::from)?;
+                let pid = msg.cmsgs().ok().and_then(|mut c| {
+                    c.find_map(|c| match c {
+                        ControlMessageOwned::ScmCredentials(cr) => Some(cr.pid()),
+                        _ => None,
+                    })
+                });
+                (msg.bytes, pid)
+            };
+            Ok((n, pid, buf))
+        });
+        match got {
+            Ok(Ok((0, _, _))) => return Ok(None),
+            Ok(Ok((n, pid, buf))) => return Ok(Some((buf[..n].to_vec(), pid))),
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+}
