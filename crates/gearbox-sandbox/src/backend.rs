@@ -284,6 +284,7 @@ pub(crate) async fn run_warm(
         program_argv: job.program_argv.clone(),
         env: job.env.clone(),
         files: file_list(&job),
+        limits: None,
     };
     let header = encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?;
     let mut job = job;

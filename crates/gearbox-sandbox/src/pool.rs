@@ -59,18 +59,33 @@ pub const MAX_PER_KEY: usize = 8;
 /// A pool grown by misses shrinks back by one per hit once no miss happened for this long.
 pub const IDLE_SHRINK: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// What identifies interchangeable sandboxes.
+/// What identifies interchangeable sandboxes. A fork server's slots differ only in the
+/// limits baked in when they are built (memory, pids, disk); the others a run lowers at
+/// hand-over, and the slot is built with the configured defaults, the most a run may have.
 fn key(job: &Job) -> Option<String> {
     if job.network {
         return None;
     }
-    serde_json::to_string(&(
-        &job.language,
-        &job.env,
-        &job.limits,
-        &job.mounts,
-        &job.launcher,
-    ))
+    let forked = job
+        .launcher
+        .as_ref()
+        .and_then(|(name, _)| zygote::serves(name));
+    match forked {
+        Some(_) => serde_json::to_string(&(
+            &job.language,
+            &job.env,
+            zygote::built_limits(&job.limits),
+            &job.mounts,
+            &job.launcher,
+        )),
+        None => serde_json::to_string(&(
+            &job.language,
+            &job.env,
+            &job.limits,
+            &job.mounts,
+            &job.launcher,
+        )),
+    }
     .ok()
 }
 
@@ -130,9 +145,7 @@ impl WarmPool {
         let fork_server = template
             .launcher
             .as_ref()
-            .and_then(|(name, _)| zygote::zygote_launcher(name))
-            .filter(|_| std::env::var("GEARBOX_FORK_SERVER").as_deref() != Ok("0"))
-            .filter(|_| zygote::supported());
+            .and_then(|(name, _)| zygote::serves(name));
         self.slots().insert(
             k.clone(),
             Slot {
@@ -157,6 +170,10 @@ impl WarmPool {
         let taken = {
             let mut slots = self.slots();
             let slot = slots.get_mut(&k)?;
+            // Helper-built sandboxes carry every limit of their template.
+            if slot.fork_server.is_none() && slot.template.limits != job.limits {
+                return None;
+            }
             let mut taken = None;
             while let Some(mut sp) = slot.ready.pop_front() {
                 // A sandbox that died (killed, or failed to build) is dropped.

@@ -78,6 +78,11 @@ pub struct HandOver {
     pub program_argv: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub files: Vec<(String, u64)>,
+    /// The run's limits, for a fork server's program: it lowers its rlimits (CPU time, open
+    /// files, file size) to these at hand-over; the server enforces the wall clock and the
+    /// output cap itself.
+    #[serde(default)]
+    pub limits: Option<Limits>,
 }
 
 /// Encode a hand-over header.

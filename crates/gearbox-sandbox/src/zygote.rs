@@ -54,11 +54,27 @@ pub(crate) fn zygote_launcher(launcher: &str) -> Option<&'static str> {
 /// Whether this server can run fork servers: they need per-run cgroups (the pids and
 /// memory limits of each run; see docs/PERFORMANCE.md), so root and a cgroup mount.
 pub(crate) fn supported() -> bool {
-    nix::unistd::Uid::current().is_root()
-        && !matches!(
-            crate::jail::CgroupSupport::detect(),
-            crate::jail::CgroupSupport::None { .. }
-        )
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        nix::unistd::Uid::current().is_root()
+            && !matches!(
+                crate::jail::CgroupSupport::detect(),
+                crate::jail::CgroupSupport::None { .. }
+            )
+    })
+}
+
+/// Whether jobs with `launcher` are served by a fork server on this host.
+pub(crate) fn serves(launcher: &str) -> Option<&'static str> {
+    zygote_launcher(launcher)
+        .filter(|_| std::env::var("GEARBOX_FORK_SERVER").as_deref() != Ok("0"))
+        .filter(|_| supported())
+}
+
+/// The limits a fork server's slot is built with: what a run cannot change after the slot
+/// exists (its cgroup, its scratch tmpfs). A run lowers the others at hand-over.
+pub(crate) fn built_limits(l: &Limits) -> (u64, u64, u64) {
+    (l.memory_mb, l.pids, l.disk_mb)
 }
 
 /// One message of a slot.
@@ -284,6 +300,7 @@ impl Slot {
                 .iter()
                 .map(|f| (f.path.clone(), f.content.len() as u64))
                 .collect(),
+            limits: Some(job.limits),
         };
         let header =
             encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?;

@@ -392,9 +392,15 @@ def _program(chan, stdin_fd, stdout_fd, stderr_fd, config):
         job, files = _read_handover()
         for (name, _size), content in zip(job["files"], files):
             _write_file(name, content)
-        _resource.setrlimit(
-            _resource.RLIMIT_FSIZE, (config.file_size_bytes, config.file_size_bytes)
-        )
+        # The run's own limits, never above the slot's (a run may only lower them).
+        limits = job.get("limits") or {}
+        fsize = min(config.file_size_bytes, int(limits.get("file_size_mb", 1 << 40)) << 20)
+        nofile = min(config.open_files, int(limits.get("open_files", config.open_files)))
+        cpu_ms = int(limits.get("cpu_ms", 0)) or int(limits.get("timeout_ms", 0))
+        cpu_s = min(config.cpu_s, max(1, -(-cpu_ms // 1000))) if cpu_ms else config.cpu_s
+        _resource.setrlimit(_resource.RLIMIT_FSIZE, (fsize, fsize))
+        _resource.setrlimit(_resource.RLIMIT_NOFILE, (nofile, nofile))
+        _resource.setrlimit(_resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     except _Fail as e:
         _send(chan, t="failed", step=e.step, message=e.message)
         return

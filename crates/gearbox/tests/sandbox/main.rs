@@ -7,5 +7,6 @@
 
 mod escape;
 mod exec;
+mod fork_server;
 mod sessions;
 mod support;

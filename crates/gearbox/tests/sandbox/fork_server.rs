@@ -1,0 +1,332 @@
+//! The escape suite against sandboxes forked by the Python fork server, each run checked to
+//! have been served by it (one pool hit per run). Runs of one fork server share only its
+//! read-only root and its user namespace; two of them at once must not see each other.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gearbox_core::{ExecRequest, LimitOverrides, Outcome, Status};
+use gearbox_engine::{Config, Engine};
+
+use crate::support::{Run, is_root, run};
+
+/// An engine whose only pool is Python's, served by its fork server.
+fn forked_engine(min: usize) -> Arc<Engine> {
+    let _g = crate::support::runtime().enter();
+    let config = Config {
+        pool: [("python".to_string(), min)].into_iter().collect(),
+        ..Config::default()
+    };
+    Arc::new(Engine::new(config, crate::support::gearbox_bin()))
+}
+
+fn python_stats(engine: &Engine) -> gearbox_engine::PoolStats {
+    engine
+        .pool_stats()
+        .into_iter()
+        .find(|s| s.language == "python")
+        .expect("python pool")
+}
+
+/// Wait until `n` forked sandboxes are ready.
+async fn ready(engine: &Engine, n: usize) {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = python_stats(engine);
+        assert!(s.fork_server, "the fork server was given up: {s:?}");
+        if s.ready >= n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no warm sandbox after 30 s: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn exec(engine: &Arc<Engine>, req: ExecRequest) -> Outcome {
+    let e = Arc::clone(engine);
+    crate::support::runtime()
+        .spawn(async move { e.execute(req, None).await })
+        .await
+        .expect("run task")
+}
+
+/// Run `r` in a forked sandbox and check that it was one.
+async fn forked(engine: &Arc<Engine>, r: Run) -> Outcome {
+    ready(engine, 1).await;
+    let before = python_stats(engine).hits;
+    let o = exec(engine, r.req).await;
+    let after = python_stats(engine).hits;
+    assert_eq!(after, before + 1, "not served by the fork server: {o:?}");
+    o
+}
+
+#[tokio::test]
+async fn forked_sandboxes_hold_like_cold_ones() {
+    if !is_root() || !crate::support::cgroups_writable() {
+        eprintln!("FORK SERVER TESTS SKIPPED: they need root and cgroups (per-run limits)");
+        return;
+    }
+    let engine = forked_engine(2);
+
+    // Ordinary behaviour: argv, stdin, files, exit codes, tracebacks, a fresh workspace.
+    for _ in 0..2 {
+        let o = forked(
+            &engine,
+            run("python", "import sys, os\nprint(sys.argv, os.getcwd(), sys.stdin.read(), open('data/x.txt').read(), sorted(os.listdir('.')))\nopen('state', 'a').write('x')")
+                .args(&["a"])
+                .stdin("in")
+                .file("data/x.txt", "file"),
+        )
+        .await;
+        assert_eq!(
+            o.stdout, "['main.py', 'a'] /work in file ['data', 'main.py']\n",
+            "{o:?}"
+        );
+    }
+    let o = forked(&engine, run("python", "import sys\nsys.exit(3)")).await;
+    assert_eq!((o.status, o.exit_code), (Status::Error, Some(3)), "{o:?}");
+    let o = forked(&engine, run("python", "raise SystemExit('bye')")).await;
+    assert_eq!(
+        (o.exit_code, o.stderr.as_str()),
+        (Some(1), "bye\n"),
+        "{o:?}"
+    );
+    let o = forked(
+        &engine,
+        run(
+            "python",
+            "import atexit, threading, time\natexit.register(lambda: print('atexit'))\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()",
+        ),
+    )
+    .await;
+    assert_eq!(o.stdout, "thread\natexit\n", "{o:?}");
+    let o = forked(&engine, run("python", "def f():\n    1/0\nf()")).await;
+    assert!(
+        o.stderr
+            .starts_with("Traceback (most recent call last):\n  File \"/work/main.py\""),
+        "{o:?}"
+    );
+    assert!(o.stderr.ends_with("ZeroDivisionError: division by zero\n"));
+    let o = forked(&engine, run("python", "import os\nos.abort()")).await;
+    assert_eq!(o.signal, Some(libc::SIGABRT), "{o:?}");
+
+    // Host files, writes outside the workspace, the host's loopback, DNS.
+    let planted = std::env::temp_dir().join(format!("gearbox-fork-planted-{}", std::process::id()));
+    std::fs::write(&planted, "TOP-SECRET-HOST-DATA").expect("plant");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    let p = planted.display();
+    let code = format!(
+        r#"import os, socket
+for p in ['{p}', '/proc/1/root{p}', '/proc/self/root{p}']:
+    try:
+        print(open(p).read())
+    except OSError as e:
+        print('denied', type(e).__name__)
+for p in ['/usr/gx', '/etc/gx', '/gx', '/.gearbox/gx', '/.gearbox/launcher', '/proc/sys/kernel/core_pattern', '/proc/sysrq-trigger', '/dev/gx']:
+    try:
+        open(p, 'a').write('x'); print('WROTE', p)
+    except OSError as e:
+        print('refused', p)
+for p in ['/work/ok', '/tmp/ok', '/dev/shm/ok', '/dev/null']:
+    open(p, 'w').write('fine')
+print(sorted(os.listdir('/')))
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect(('127.0.0.1', {port})); print('CONNECTED')
+except OSError as e:
+    print('no host loopback')
+try:
+    socket.getaddrinfo('example.com', 80); print('RESOLVED')
+except OSError:
+    print('no dns')
+"#
+    );
+    let o = forked(&engine, run("python", &code)).await;
+    let _ = std::fs::remove_file(&planted);
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    for bad in ["TOP-SECRET", "WROTE", "CONNECTED", "RESOLVED"] {
+        assert!(!o.stdout.contains(bad), "{bad}: {}", o.stdout);
+    }
+    assert_eq!(o.stdout.matches("denied").count(), 3, "{}", o.stdout);
+    assert_eq!(o.stdout.matches("refused").count(), 8, "{}", o.stdout);
+    for hidden in ["'root'", "'home'", "'var'", "'run'", "'sys'", "'boot'"] {
+        assert!(!o.stdout.contains(hidden), "{hidden} visible: {}", o.stdout);
+    }
+    assert!(listener.accept().is_err(), "the sandbox reached the host");
+
+    // No privileges, no namespaces or mounts, the seccomp policy, other processes invisible.
+    let code = r#"import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+status = open('/proc/self/status').read()
+for key in ['CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'CapInh', 'NoNewPrivs', 'Seccomp']:
+    print([l for l in status.splitlines() if l.startswith(key + ':')][0])
+print('unshare', libc.unshare(0x10000000), 'mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))
+calls = {'ptrace': (101, 0, 0, 0, 0), 'bpf': (321, 0, 0, 0), 'keyctl': (250, 0, 0, 0),
+         'userfaultfd': (323, 0), 'io_uring_setup': (425, 1, 0), 'setns': (308, 0, 0),
+         'sethostname': (170, 0, 0), 'open_by_handle_at': (304, -100, 0, 0)}
+for name, args in calls.items():
+    r = libc.syscall(*[ctypes.c_long(a) for a in args])
+    print(name, 'ALLOWED' if r >= 0 else 'refused')
+pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
+print('pids', pids, os.getpid(), os.getppid())
+for p in pids:
+    try:
+        open(f'/proc/{p}/mem', 'rb').read(1); print('MEM', p)
+    except OSError:
+        pass
+env = open('/proc/self/environ', 'rb').read()
+try:
+    env += open('/proc/1/environ', 'rb').read()
+except OSError:
+    print('init environ refused')
+print('LEAK' if b'CARGO' in env or b'RUST' in env else 'env clean', sorted(os.environ))
+"#;
+    let o = forked(&engine, run("python", code)).await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    for cap in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
+        assert!(
+            o.stdout.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap} not empty: {}",
+            o.stdout
+        );
+    }
+    assert!(o.stdout.contains("NoNewPrivs:\t1"), "{}", o.stdout);
+    assert!(o.stdout.contains("Seccomp:\t2"), "{}", o.stdout);
+    assert!(o.stdout.contains("unshare -1 mount -1"), "{}", o.stdout);
+    for bad in ["ALLOWED", "MEM", "LEAK"] {
+        assert!(!o.stdout.contains(bad), "{bad}: {}", o.stdout);
+    }
+    // pid 1 (the run's init) and the program: nothing of the fork server or other runs.
+    assert!(o.stdout.contains("pids [1, 2] 2 1"), "{}", o.stdout);
+    assert!(o.stdout.contains("init environ refused"), "{}", o.stdout);
+
+    // Two runs at once from the same fork server: no shared files, loopback, abstract
+    // sockets, processes, or signals.
+    ready(&engine, 2).await;
+    let holder = r#"import os, socket, time
+open('/tmp/secret', 'w').write('RUN-A-SECRET'); open('/work/secret', 'w').write('RUN-A-SECRET')
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind(('127.0.0.1', 47611)); srv.listen()
+ab = socket.socket(socket.AF_UNIX); ab.bind('\0gearbox-run-a'); ab.listen()
+print('holding', flush=True)
+time.sleep(3)
+print('alive')
+"#;
+    let prober = r#"import os, socket, time, signal
+time.sleep(0.8)
+for p in ['/tmp/secret', '/work/secret', '/dev/shm/secret']:
+    try:
+        print('READ', open(p).read())
+    except OSError:
+        print('no', p)
+try:
+    socket.create_connection(('127.0.0.1', 47611), timeout=1); print('CONNECTED')
+except OSError:
+    print('no tcp')
+try:
+    s = socket.socket(socket.AF_UNIX); s.connect('\0gearbox-run-a'); print('ABSTRACT')
+except OSError:
+    print('no abstract')
+print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+for pid in range(3, 400):
+    try:
+        os.kill(pid, signal.SIGKILL); print('KILLED', pid)
+    except OSError:
+        pass
+"#;
+    let before = python_stats(&engine).hits;
+    let (a, b) = tokio::join!(
+        exec(&engine, run("python", holder).timeout_ms(10_000).req),
+        exec(&engine, run("python", prober).timeout_ms(10_000).req)
+    );
+    assert_eq!(python_stats(&engine).hits, before + 2, "{a:?} {b:?}");
+    assert_eq!(a.stdout, "holding\nalive\n", "{a:?}");
+    assert_eq!(b.status, Status::Ok, "{b:?}");
+    for bad in ["READ", "CONNECTED", "ABSTRACT", "KILLED"] {
+        assert!(!b.stdout.contains(bad), "{bad}: {}", b.stdout);
+    }
+    assert!(b.stdout.contains("pids [1, 2]"), "{}", b.stdout);
+
+    // Limits: memory, processes, disk, CPU time, wall clock, output.
+    let o = forked(
+        &engine,
+        run(
+            "python",
+            "b = []\nwhile True:\n    b.append(bytearray(16 << 20))",
+        )
+        .limits(LimitOverrides::default()),
+    )
+    .await;
+    assert_eq!(o.status, Status::Killed, "{o:?}");
+    assert!(
+        o.reason.as_deref().unwrap_or("").contains("memory"),
+        "{o:?}"
+    );
+    let o = forked(
+        &engine,
+        run("python", "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(5); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('stopped', n, e.errno)"),
+    )
+    .await;
+    assert!(o.stdout.starts_with("stopped"), "{o:?}");
+    let n: u64 = o
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(n < 200, "{o:?}");
+    let o = forked(
+        &engine,
+        run("python", "f = open('/tmp/fill', 'wb')\ntry:\n    while True:\n        f.write(b'x' * (1 << 20)); f.flush()\nexcept OSError as e:\n    print('full', e.errno)"),
+    )
+    .await;
+    assert!(o.stdout.starts_with("full"), "{o:?}");
+    let o = forked(
+        &engine,
+        run("python", "while True:\n    pass").timeout_ms(1500),
+    )
+    .await;
+    assert!(
+        matches!(o.status, Status::Timeout | Status::Killed),
+        "{o:?}"
+    );
+    assert!(o.duration_ms < 4000, "{o:?}");
+    let o = forked(
+        &engine,
+        run(
+            "python",
+            "import sys\nwhile True:\n    sys.stdout.write('flood' * 1000)",
+        )
+        .timeout_ms(1500),
+    )
+    .await;
+    assert!(o.stdout_truncated, "{o:?}");
+
+    // Escapes by setsid and double fork die with the run, at exit and at the deadline.
+    for (marker, tail, status) in [
+        ("31.4161", "print('done')", Status::Ok),
+        ("27.1829", "import time\ntime.sleep(60)", Status::Timeout),
+    ] {
+        let code = format!(
+            "import subprocess, os\nsubprocess.Popen(['setsid', 'sleep', '{marker}'])\nif os.fork() == 0:\n    if os.fork() == 0:\n        os.setsid(); os.execvp('sleep', ['sleep', '{marker}'])\n    os._exit(0)\nimport time\ntime.sleep(0.3)\n{tail}"
+        );
+        let o = forked(&engine, run("python", &code).timeout_ms(1500)).await;
+        assert_eq!(o.status, status, "{o:?}");
+        let survivors =
+            crate::support::survivors_after(&format!("sleep {marker}"), Duration::from_secs(3))
+                .await;
+        assert!(survivors.is_empty(), "survivors: {survivors:?}");
+    }
+
+    // Killing everything it can see harms only itself; the fork server keeps serving.
+    let o = forked(&engine, run("python", "import os, signal\nfor p in (1, os.getppid(), -1):\n    try:\n        os.kill(p, signal.SIGKILL)\n    except OSError as e:\n        print('refused', p)\nprint('still here')")).await;
+    assert!(matches!(o.status, Status::Ok | Status::Error), "{o:?}");
+    let o = forked(&engine, run("python", "print('next')")).await;
+    assert_eq!(o.stdout, "next\n", "{o:?}");
+    assert!(python_stats(&engine).fork_server);
+}
