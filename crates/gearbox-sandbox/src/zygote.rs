@@ -224,16 +224,20 @@ impl Zygote {
         .await
         .map_err(|e| setup("join cgroup", e.to_string()))?
         .map_err(|e| setup("join cgroup", e))?;
-        send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup("build slot", e.to_string()))?;
         let mut enforced = cgroup.describe();
-        let mut init_pidfd = None;
+        // From here on, a slot that fails to build is killed and its cgroup removed.
+        let mut guard = RunGuard {
+            init: None,
+            cgroup: Some(cgroup),
+        };
+        send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup("build slot", e.to_string()))?;
         let mut applied = false;
-        while init_pidfd.is_none() || !applied {
+        while guard.init.is_none() || !applied {
             let (msg, pid) = next_built(&chan, deadline).await?;
             match serde_json::from_slice::<SlotMsg>(&msg) {
                 Ok(SlotMsg::Ready) => {
                     let pid = pid.ok_or_else(|| setup("build slot", "no sender pid".into()))?;
-                    init_pidfd = Some(pidfd_open(pid).map_err(SandboxError::Spawn)?);
+                    guard.init = Some(pidfd_open(pid).map_err(SandboxError::Spawn)?);
                 }
                 Ok(SlotMsg::Applied { mechanisms }) => {
                     enforced.extend(mechanisms);
@@ -243,9 +247,6 @@ impl Zygote {
                 _ => return Err(setup("build slot", "unexpected message".into())),
             }
         }
-        let Some(init) = init_pidfd else {
-            return Err(setup("build slot", "no pid 1".into()));
-        };
         enforced.push(
             "namespaces: user (shared by the fork server's runs), mount, pid, net (loopback \
              only), ipc, uts, cgroup: fresh per run"
@@ -253,11 +254,10 @@ impl Zygote {
         );
         Ok(Slot {
             chan,
-            init,
+            guard,
             stdin: stdin_w,
             stdout: stdout_r,
             stderr: stderr_r,
-            cgroup,
             enforced,
         })
     }
@@ -266,12 +266,53 @@ impl Zygote {
 /// One built, waiting, single-use sandbox of a fork server.
 pub(crate) struct Slot {
     chan: AsyncFd<OwnedFd>,
-    init: OwnedFd,
+    guard: RunGuard,
     stdin: OwnedFd,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    cgroup: Cgroup,
     enforced: Vec<String>,
+}
+
+/// A slot's pid 1 and cgroup. Dropped — the run ended, failed, or its caller went away (a
+/// cancelled call) — it kills every process of the run and removes the cgroup.
+struct RunGuard {
+    /// pidfd of the run's pid 1: killing it makes the kernel kill its whole pid namespace.
+    init: Option<OwnedFd>,
+    cgroup: Option<Cgroup>,
+}
+
+impl RunGuard {
+    fn kill(&self) {
+        if let Some(fd) = &self.init {
+            // SAFETY: pidfd_send_signal on a pidfd we own; no memory is passed.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        }
+    }
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(cgroup) = self.cgroup.take() {
+            // Removing a memory cgroup can take milliseconds: never on the answer's path.
+            let cleanup = move || {
+                cgroup.kill_all();
+                drop(cgroup);
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(cleanup)),
+                Err(_) => drop(std::thread::spawn(cleanup)),
+            }
+        }
+    }
 }
 
 impl Slot {
@@ -308,26 +349,13 @@ impl Slot {
         let payload = take_payload(vec![header], &mut job);
         let Slot {
             chan,
-            init,
+            guard,
             stdin,
             stdout,
             stderr,
-            cgroup,
             enforced,
         } = self;
-        // Killing the run's pid 1 makes the kernel kill every process of its pid namespace.
-        let slot_kill = move || {
-            // SAFETY: pidfd_send_signal on a pidfd we own; no memory is passed.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    init.as_raw_fd(),
-                    libc::SIGKILL,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                )
-            };
-        };
+        let slot_kill = || guard.kill();
         let mut stdin =
             tokio::net::unix::pipe::Sender::from_owned_fd(stdin).map_err(SandboxError::Spawn)?;
         let stdout =
@@ -424,27 +452,16 @@ impl Slot {
             report
         };
         let ((), out, err, mut report) = tokio::join!(writer, out_reader, err_reader, watcher);
-        let cgroup = tokio::task::spawn_blocking(move || {
-            cgroup.kill_all();
-            let stats = (
-                cgroup.oom_killed(),
-                cgroup.peak_memory_kb(),
-                cgroup.cpu_time_ms(),
-            );
-            (cgroup, stats)
-        })
-        .await;
-        if let Ok((cgroup, (oom, peak, cpu))) = cgroup {
-            report.oom_killed = oom;
-            if let Some(kb) = peak {
+        if let Some(cgroup) = &guard.cgroup {
+            report.oom_killed = cgroup.oom_killed();
+            if let Some(kb) = cgroup.peak_memory_kb() {
                 report.peak_memory_kb = Some(kb);
             }
-            if let Some(ms) = cpu {
+            if let Some(ms) = cgroup.cpu_time_ms() {
                 report.cpu_time_ms = Some(ms);
             }
-            // Removing a memory cgroup can take milliseconds: not on the answer's path.
-            tokio::task::spawn_blocking(move || drop(cgroup));
         }
+        drop(guard);
         let enforced = report.enforced.clone();
         build_outcome(report, out, err, &job, Mode::Linux).map(|o| (o, enforced))
     }

@@ -89,6 +89,45 @@ impl CgroupSupport {
     }
 }
 
+/// Remove run cgroups left behind by processes that died before they could (a helper killed
+/// with its run, a server killed): names carry the creating process's pid; a cgroup whose
+/// creator is gone and that holds no process is removed. Returns how many were removed.
+pub fn sweep_stale() -> usize {
+    let hierarchies: Vec<PathBuf> = match CgroupSupport::detect() {
+        CgroupSupport::V1 {
+            memory,
+            pids,
+            cpuacct,
+        } => [memory, pids, cpuacct].into_iter().flatten().collect(),
+        CgroupSupport::V2 { root } => vec![root],
+        CgroupSupport::None { .. } => vec![],
+    };
+    let mut removed = 0;
+    for h in hierarchies {
+        let Ok(entries) = fs::read_dir(h.join(PARENT)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("run-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            // rmdir fails on a cgroup that still holds a process: nothing live is touched.
+            if fs::remove_dir(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
 /// The cgroup(s) of one run; removed on drop.
 pub struct Cgroup {
     dirs: Vec<PathBuf>,

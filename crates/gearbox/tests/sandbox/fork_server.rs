@@ -329,4 +329,22 @@ for pid in range(3, 400):
     let o = forked(&engine, run("python", "print('next')")).await;
     assert_eq!(o.stdout, "next\n", "{o:?}");
     assert!(python_stats(&engine).fork_server);
+
+    // A cancelled call (the future dropped mid-run) takes its sandbox with it.
+    ready(&engine, 1).await;
+    let marker = "sleep 41.2719";
+    let req = run(
+        "python",
+        &format!("import subprocess\nsubprocess.Popen(['setsid', 'sleep', '41.2719'])\nsubprocess.run(['{marker}'], shell=True)"),
+    )
+    .timeout_ms(20_000)
+    .req;
+    let e = Arc::clone(&engine);
+    let task = crate::support::runtime().spawn(async move { e.execute(req, None).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!task.is_finished());
+    assert!(!crate::support::host_processes_with(marker).is_empty());
+    task.abort();
+    let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
 }
