@@ -58,15 +58,15 @@ impl Sandbox for LinuxSandbox {
         BackendKind::Linux
     }
     fn run(&self, job: Job) -> RunFuture<'_> {
-        match self.pool.take(&job) {
-            Some(Warm::Helper(warm)) => {
-                Box::pin(async move { run_warm(warm, job).await.map(|(o, _)| o) })
+        let pool = Arc::clone(&self.pool);
+        let helper = self.helper.clone();
+        Box::pin(async move {
+            match pool.take_or_wait(&job).await {
+                Some(Warm::Helper(warm)) => run_warm(warm, job).await.map(|(o, _)| o),
+                Some(Warm::Forked(slot)) => slot.run(job).await.map(|(o, _)| o),
+                None => run_helper(helper, Mode::Linux, job).await,
             }
-            Some(Warm::Forked(slot)) => {
-                Box::pin(async move { slot.run(job).await.map(|(o, _)| o) })
-            }
-            None => Box::pin(run_helper(self.helper.clone(), Mode::Linux, job)),
-        }
+        })
     }
     /// A collecting run always starts cold: the warm pool's sandboxes are built without it.
     fn run_collecting(&self, job: Job, limits: CollectLimits) -> CollectFuture<'_> {

@@ -29,6 +29,9 @@ use crate::zygote::{self, Zygote};
 
 /// Consecutive failures after which a key's fork server is given up.
 const FORK_SERVER_FAILURES: u32 = 3;
+/// How long a run waits for a fork-server slot being built before it starts cold: a slot
+/// takes a few milliseconds, a cold sandbox tens.
+const FORK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// One warm sandbox.
 pub(crate) enum Warm {
@@ -121,6 +124,8 @@ pub struct WarmPool {
     helper: PathBuf,
     slots: Mutex<HashMap<String, Slot>>,
     fork_servers: tokio::sync::Mutex<HashMap<String, ForkServer>>,
+    /// Woken whenever a warm sandbox becomes ready.
+    filled: tokio::sync::Notify,
     spawned: AtomicU64,
 }
 
@@ -130,6 +135,7 @@ impl WarmPool {
             helper,
             slots: Mutex::new(HashMap::new()),
             fork_servers: tokio::sync::Mutex::new(HashMap::new()),
+            filled: tokio::sync::Notify::new(),
             spawned: AtomicU64::new(0),
         })
     }
@@ -164,8 +170,36 @@ impl WarmPool {
         self.top_up(&k);
     }
 
-    /// A warm sandbox for `job`, if one is ready.
-    pub(crate) fn take(self: &Arc<Self>, job: &Job) -> Option<Warm> {
+    /// A warm sandbox for `job`: one that is ready, or, when the key's fork server is
+    /// building one, that one if it is ready within [`FORK_WAIT`].
+    pub(crate) async fn take_or_wait(self: &Arc<Self>, job: &Job) -> Option<Warm> {
+        if let Some(w) = self.take(job, true) {
+            return Some(w);
+        }
+        let k = key(job)?;
+        let deadline = tokio::time::Instant::now() + FORK_WAIT;
+        loop {
+            let notified = self.filled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let slots = self.slots();
+                let slot = slots.get(&k)?;
+                if slot.fork_server.is_none() || (slot.filling == 0 && slot.ready.is_empty()) {
+                    return None;
+                }
+            }
+            if let Some(w) = self.take(job, false) {
+                return Some(w);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// A warm sandbox for `job`, if one is ready. `count_miss`: a miss raises the target.
+    fn take(self: &Arc<Self>, job: &Job, count_miss: bool) -> Option<Warm> {
         let k = key(job)?;
         let taken = {
             let mut slots = self.slots();
@@ -192,6 +226,7 @@ impl WarmPool {
                         slot.target -= 1;
                     }
                 }
+                None if !count_miss => {}
                 None => {
                     // Demand outran the pool: keep one more next time, up to the cap.
                     slot.misses += 1;
@@ -241,7 +276,10 @@ impl WarmPool {
                     slot.filling = slot.filling.saturating_sub(1);
                     slot.last_refill_ms = t.elapsed().as_secs_f64() * 1000.0;
                     match built {
-                        Ok(sp) => slot.ready.push_back(sp),
+                        Ok(sp) => {
+                            slot.ready.push_back(sp);
+                            pool.filled.notify_waiters();
+                        }
                         Err(e) => tracing::warn!(error = %e, "warm sandbox failed to start"),
                     }
                 }
