@@ -20,6 +20,9 @@
 # the kernel attaches each sender's pid (SO_PASSCRED), which the server uses to put the slot
 # in its own cgroup and to kill the run.
 import ctypes as _ctypes
+import gc as _gc
+import io as _io
+import select as _select
 import glob as _glob
 import importlib.machinery as _machinery
 import json as _json
@@ -34,6 +37,8 @@ import types as _types
 import fcntl as _fcntl
 
 _CONTROL_FD = 4
+# The program's end of the pipe on which it tells its init how it ended (see _finish).
+_done_fd = -1
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
 _CLONE_NEWUTS = 0x04000000
@@ -126,6 +131,10 @@ class _Config:
 def _serve():
     config = _Config()
     control = _socket.socket(fileno=_CONTROL_FD)
+    # Everything imported so far stays untouched by the collector in every fork, so forks
+    # share those pages instead of copying them.
+    _gc.collect()
+    _gc.freeze()
     while True:
         try:
             msg, fds, _flags, _addr = _socket.recv_fds(control, 4096, 4)
@@ -248,41 +257,74 @@ def _init(chan, stdin_fd, stdout_fd, stderr_fd, config):
     except Exception as e:
         _send(chan, t="failed", step="build init", message=repr(e))
         return
+    done_r, done_w = _os.pipe()
     child = _os.fork()
     if child == 0:
         code = 127
         try:
+            global _done_fd
+            _os.close(done_r)
+            _done_fd = done_w
             _program(chan, stdin_fd, stdout_fd, stderr_fd, config)
         finally:
             _os._exit(code)
-    for fd in (stdin_fd, stdout_fd, stderr_fd):
+    for fd in (stdin_fd, stdout_fd, stderr_fd, done_w):
         _os.close(fd)
     _send(chan, t="ready")
+    exited = _await_program(child, done_r)
+    _send(chan, t="exited", **exited)
+    # Whatever the program left behind dies with this pid namespace.
+    try:
+        _os.kill(-1, _signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _await_program(child, done_r):
+    """How the program ended. A program that ends through _finish says so on the done pipe
+    before its process is torn down (which takes a millisecond or more for a fork of the
+    interpreter), so the answer does not wait for that; any other end (a signal, an exec'd
+    program, a closed pipe) is read from its wait status."""
+    pidfd = _os.pidfd_open(child)
+    poller = _select.poll()
+    poller.register(done_r, _select.POLLIN)
+    poller.register(pidfd, _select.POLLIN)
+    while True:
+        try:
+            ready = dict(poller.poll())
+        except InterruptedError:
+            continue
+        if ready.get(done_r):
+            try:
+                said = _json.loads(_os.read(done_r, 4096) or b"null")
+            except ValueError:
+                said = None
+            if isinstance(said, dict) and isinstance(said.get("code"), int):
+                return {
+                    "code": said["code"] & 0xFF,
+                    "signal": None,
+                    "cpu_time_ms": int(said.get("cpu_time_ms", 0)),
+                    "max_rss_kb": int(said.get("max_rss_kb", 0)),
+                }
+            poller.unregister(done_r)
+        if ready.get(pidfd):
+            break
     while True:
         try:
             pid, status = _os.waitpid(-1, 0)
         except InterruptedError:
             continue
         except ChildProcessError:
-            return
+            return {"code": None, "signal": None, "cpu_time_ms": 0, "max_rss_kb": 0}
         if pid == child:
             break
-    code = _os.WEXITSTATUS(status) if _os.WIFEXITED(status) else None
-    signal = _os.WTERMSIG(status) if _os.WIFSIGNALED(status) else None
     usage = _resource.getrusage(_resource.RUSAGE_CHILDREN)
-    _send(
-        chan,
-        t="exited",
-        code=code,
-        signal=signal,
-        cpu_time_ms=int((usage.ru_utime + usage.ru_stime) * 1000),
-        max_rss_kb=int(usage.ru_maxrss),
-    )
-    # Whatever the program left behind dies with this pid namespace.
-    try:
-        _os.kill(-1, _signal.SIGKILL)
-    except OSError:
-        pass
+    return {
+        "code": _os.WEXITSTATUS(status) if _os.WIFEXITED(status) else None,
+        "signal": _os.WTERMSIG(status) if _os.WIFSIGNALED(status) else None,
+        "cpu_time_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
+        "max_rss_kb": int(usage.ru_maxrss),
+    }
 
 
 def _loopback_up():
@@ -389,6 +431,7 @@ def _program(chan, stdin_fd, stdout_fd, stderr_fd, config):
             _install_seccomp(program)
         applied.append("seccomp: %d filters (deny list)" % len(config.filters))
         _send(chan, t="applied", mechanisms=applied)
+        _prewarm()
         job, files = _read_handover()
         for (name, _size), content in zip(job["files"], files):
             _write_file(name, content)
@@ -409,8 +452,23 @@ def _program(chan, stdin_fd, stdout_fd, stderr_fd, config):
         return
     _send(chan, t="started")
     chan.close()
-    _os.closerange(3, 1 << 20)
+    _os.closerange(3, _done_fd)
+    _os.closerange(_done_fd + 1, 1 << 20)
     _run(job)
+
+
+def _prewarm():
+    """Do once, before the program exists, what every run does: the pages a run writes are
+    copied from the fork server now, off the request's path."""
+    out = _io.StringIO()
+    code = compile("import sys\nx = [i for i in range(10)]\nprint(x, sys.argv, file=out)\n", "/work/main.py", "exec")
+    main = _types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    exec(code, {"out": out, "__name__": "__main__"})
+    _json.loads(_json.dumps({"argv": ["main.py"], "env": {"A": "b"}, "files": [["main.py", 1]]}))
+    for stream in (_sys.stdout, _sys.stderr):
+        stream.flush()
+    import atexit  # noqa: F401  (imported by _finish)
 
 
 def _read_exact(n):
@@ -521,6 +579,21 @@ def _finish(code):
             stream.flush()
         except Exception:
             pass
+    # Close the output first (the server reads to EOF), then tell init how this ended: the
+    # answer need not wait for this process's teardown.
+    for fd in (1, 2):
+        try:
+            _os.close(fd)
+        except OSError:
+            pass
+    try:
+        me = _resource.getrusage(_resource.RUSAGE_SELF)
+        kids = _resource.getrusage(_resource.RUSAGE_CHILDREN)
+        cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+        said = {"code": code, "cpu_time_ms": int(cpu * 1000), "max_rss_kb": max(me.ru_maxrss, kids.ru_maxrss)}
+        _os.write(_done_fd, _json.dumps(said).encode())
+    except OSError:
+        pass
     _os._exit(code)
 
 
