@@ -61,11 +61,16 @@ impl Sandbox for LinuxSandbox {
         let pool = Arc::clone(&self.pool);
         let helper = self.helper.clone();
         Box::pin(async move {
-            match pool.take_or_wait(&job).await {
-                Some(Warm::Helper(warm)) => run_warm(warm, job).await.map(|(o, _)| o),
-                Some(Warm::Forked(slot)) => slot.run(job).await.map(|(o, _)| o),
-                None => run_helper(helper, Mode::Linux, job).await,
-            }
+            let Some(warm) = pool.take_or_wait(&job).await else {
+                return run_helper(helper, Mode::Linux, job).await;
+            };
+            let served_by = pool.key_of(&job);
+            let result = match warm {
+                Warm::Helper(warm) => run_warm(warm, job).await.map(|(o, _)| o),
+                Warm::Forked(slot) => slot.run(job).await.map(|(o, _)| o),
+            };
+            pool.refill(served_by);
+            result
         })
     }
     /// A collecting run always starts cold: the warm pool's sandboxes are built without it.

@@ -234,10 +234,29 @@ impl WarmPool {
                     slot.target = (slot.target + 1).min(MAX_PER_KEY);
                 }
             }
-            taken
+            // With a sandbox still ready, the replacement waits until this run is over
+            // ([`WarmPool::refill`]): on a small machine building it now would compete with
+            // the run for the CPU. An empty pool refills at once.
+            let urgent = slot.ready.is_empty();
+            (taken, urgent)
         };
-        self.top_up(&k);
+        let (taken, urgent) = taken;
+        if urgent || taken.is_none() {
+            self.top_up(&k);
+        }
         taken
+    }
+
+    /// The pool key serving `job`, for [`WarmPool::refill`].
+    pub(crate) fn key_of(&self, job: &Job) -> Option<String> {
+        key(job)
+    }
+
+    /// Top up the pool a run was served from, once the run is over.
+    pub(crate) fn refill(self: &Arc<Self>, key: Option<String>) {
+        if let Some(k) = key {
+            self.top_up(&k);
+        }
     }
 
     /// Start replacements until ready + filling reaches the target.

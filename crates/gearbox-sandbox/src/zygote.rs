@@ -252,12 +252,15 @@ impl Zygote {
              only), ipc, uts, cgroup: fresh per run"
                 .into(),
         );
+        // Registered with the runtime now, so that a run's first write and reads do not wait
+        // for the reactor to learn the pipes' readiness.
+        let spawn = SandboxError::Spawn;
         Ok(Slot {
             chan,
             guard,
-            stdin: stdin_w,
-            stdout: stdout_r,
-            stderr: stderr_r,
+            stdin: tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(spawn)?,
+            stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(spawn)?,
+            stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(spawn)?,
             enforced,
         })
     }
@@ -267,9 +270,9 @@ impl Zygote {
 pub(crate) struct Slot {
     chan: AsyncFd<OwnedFd>,
     guard: RunGuard,
-    stdin: OwnedFd,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+    stdin: tokio::net::unix::pipe::Sender,
+    stdout: tokio::net::unix::pipe::Receiver,
+    stderr: tokio::net::unix::pipe::Receiver,
     enforced: Vec<String>,
 }
 
@@ -350,23 +353,25 @@ impl Slot {
         let Slot {
             chan,
             guard,
-            stdin,
+            mut stdin,
             stdout,
             stderr,
             enforced,
         } = self;
         let slot_kill = || guard.kill();
-        let mut stdin =
-            tokio::net::unix::pipe::Sender::from_owned_fd(stdin).map_err(SandboxError::Spawn)?;
-        let stdout =
-            tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(SandboxError::Spawn)?;
-        let stderr =
-            tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(SandboxError::Spawn)?;
         let handed = Instant::now();
         let writer = async move {
             // A program that exits without reading its stdin closes the pipe: expected.
             for chunk in &payload {
-                if stdin.write_all(chunk).await.is_err() {
+                // What fits in the pipe goes at once; the rest as the program reads.
+                let mut sent = 0;
+                while sent < chunk.len() {
+                    match stdin.try_write(&chunk[sent..]) {
+                        Ok(n) => sent += n,
+                        Err(_) => break,
+                    }
+                }
+                if stdin.write_all(&chunk[sent..]).await.is_err() {
                     break;
                 }
             }
