@@ -14,6 +14,7 @@ Only standard library; Debian's /usr/bin/python3, never a pyenv shim.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
@@ -50,6 +51,9 @@ class Rpc:
             stderr=subprocess.DEVNULL,
             bufsize=0,
         )
+        # Buffered: the pipe itself is unbuffered (bufsize=0, for the writes), and an
+        # unbuffered readline reads one byte per system call.
+        self.out = io.BufferedReader(self.p.stdout, 1 << 16)
         self.next_id = 0
         self.request(
             "initialize",
@@ -68,7 +72,7 @@ class Rpc:
         self.next_id += 1
         self.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
         while True:
-            line = self.p.stdout.readline()
+            line = self.out.readline()
             if not line:
                 raise RuntimeError("gearbox closed stdout")
             msg = json.loads(line)

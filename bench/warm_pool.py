@@ -13,6 +13,7 @@ Sequential: median/p90/p99 over n runs. Then throughput (runs/s) at concurrency 
 (1) and (4), each bounded by --seconds. Minimal JSON-lines MCP client; standard library only.
 """
 import argparse
+import io
 import json
 import os
 import statistics
@@ -57,7 +58,9 @@ class Rpc:
             self.p.stdin.write((json.dumps(msg) + "\n").encode())
 
     def _read(self):
-        for line in self.p.stdout:
+        # Buffered: the pipe itself is unbuffered (bufsize=0, for the writes), and an
+        # unbuffered readline reads one byte per system call.
+        for line in io.BufferedReader(self.p.stdout, 1 << 16):
             msg = json.loads(line)
             slot = self.waiting.get(msg.get("id"))
             if slot is not None:
