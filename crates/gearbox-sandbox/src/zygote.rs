@@ -191,6 +191,7 @@ impl Zygote {
         let (stdin_r, stdin_w) = pipe()?;
         let (stdout_r, stdout_w) = pipe()?;
         let (stderr_r, stderr_w) = pipe()?;
+        let (done_r, done_w) = pipe()?;
         {
             let control = self.control.lock().unwrap_or_else(|p| p.into_inner());
             let fds = [
@@ -198,6 +199,7 @@ impl Zygote {
                 stdin_r.as_raw_fd(),
                 stdout_w.as_raw_fd(),
                 stderr_w.as_raw_fd(),
+                done_w.as_raw_fd(),
             ];
             sendmsg::<()>(
                 control.as_raw_fd(),
@@ -208,7 +210,7 @@ impl Zygote {
             )
             .map_err(|e| setup("ask fork server", e.to_string()))?;
         }
-        drop((theirs, stdin_r, stdout_w, stderr_w));
+        drop((theirs, stdin_r, stdout_w, stderr_w, done_w));
         // SAFETY: `chan` is an open socket owned by the AsyncFd for its whole life.
         let chan = unsafe { AsyncFd::register(chan) }.map_err(|e| SandboxError::Spawn(e.into()))?;
         let deadline = tokio::time::Instant::now() + BUILD_TIMEOUT;
@@ -261,6 +263,7 @@ impl Zygote {
             stdin: tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(spawn)?,
             stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(spawn)?,
             stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(spawn)?,
+            done: tokio::net::unix::pipe::Receiver::from_owned_fd(done_r).map_err(spawn)?,
             enforced,
         })
     }
@@ -273,7 +276,38 @@ pub(crate) struct Slot {
     stdin: tokio::net::unix::pipe::Sender,
     stdout: tokio::net::unix::pipe::Receiver,
     stderr: tokio::net::unix::pipe::Receiver,
+    /// How the program says it ended, written just before its process is torn down (which
+    /// takes a millisecond or more for a fork of the interpreter): the answer does not wait
+    /// for that, nor for the run's init. Any other end (a signal, an exec'd program) comes
+    /// from init's `exited`, from the wait status.
+    done: tokio::net::unix::pipe::Receiver,
     enforced: Vec<String>,
+}
+
+/// What a program that ran to its end writes on its done pipe.
+#[derive(Debug, serde::Deserialize)]
+struct Done {
+    code: i32,
+    cpu_time_ms: u64,
+    max_rss_kb: u64,
+}
+
+/// The program's [`Done`], or `None` when the pipe closed or held something else (the pipe
+/// is the program's to write: a program that writes to it only ends its own run early).
+async fn read_done(mut done: tokio::net::unix::pipe::Receiver) -> Option<Done> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    loop {
+        let n = done.read(&mut chunk).await.ok().filter(|&n| n > 0)?;
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > 4096 {
+            return None;
+        }
+        if let Ok(d) = serde_json::from_slice::<Done>(&buf) {
+            return Some(d);
+        }
+    }
 }
 
 /// A slot's pid 1 and cgroup. Dropped — the run ended, failed, or its caller went away (a
@@ -356,6 +390,7 @@ impl Slot {
             mut stdin,
             stdout,
             stderr,
+            done,
             enforced,
         } = self;
         let slot_kill = || guard.kill();
@@ -392,12 +427,39 @@ impl Slot {
                 ..JailReport::default()
             };
             let mut started: Option<Instant> = None;
+            let mut done = Some(Box::pin(read_done(done)));
             loop {
                 let deadline = match started {
                     Some(s) => s + timeout,
                     None => handed + HANDOVER_TIMEOUT,
                 };
-                match tokio::time::timeout_at(deadline.into(), recv(&chan)).await {
+                let said = tokio::select! {
+                    // A `started` that arrives with the done message is read first.
+                    biased;
+                    r = tokio::time::timeout_at(deadline.into(), recv(&chan)) => Err(r),
+                    d = async {
+                        match done.as_mut() {
+                            Some(d) => d.await,
+                            None => std::future::pending().await,
+                        }
+                    }, if done.is_some() => Ok(d),
+                };
+                let said = match said {
+                    Ok(None) => {
+                        done = None;
+                        continue;
+                    }
+                    Ok(Some(d)) => {
+                        report.duration_us =
+                            started.map(|s| s.elapsed().as_micros() as u64).unwrap_or(0);
+                        report.exit_code = Some(d.code & 0xFF);
+                        report.cpu_time_ms = Some(d.cpu_time_ms);
+                        report.peak_memory_kb = Some(d.max_rss_kb);
+                        break;
+                    }
+                    Err(r) => r,
+                };
+                match said {
                     Err(_) => {
                         slot_kill();
                         match started {

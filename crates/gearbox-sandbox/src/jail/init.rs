@@ -288,10 +288,12 @@ fn start_zygote(
     }
 }
 
-/// Capabilities a fork server keeps: new namespaces and mounts, the loopback interface, and
-/// emptying its programs' bounding sets.
-/// (`linux/capability.h`: CAP_SETPCAP 8, CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21.)
-const ZYGOTE_CAPS: [u32; 3] = [8, 12, 21];
+/// Capabilities a fork server keeps: new namespaces and mounts, and the loopback interface.
+/// (`linux/capability.h`: CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21.) Its bounding set is emptied
+/// before exec (with CAP_SETPCAP 8, which it does not keep), so every process it forks
+/// starts with an empty bounding set.
+const ZYGOTE_CAPS: [u32; 2] = [12, 21];
+const CAP_SETPCAP: u32 = 8;
 
 fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
     let last = std::io::Error::last_os_error;
@@ -332,6 +334,9 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
         data[i].permitted |= bit;
         data[i].inheritable |= bit;
     }
+    // Kept until the bounding set is empty; exec drops it (it is not ambient).
+    data[0].effective |= 1 << CAP_SETPCAP;
+    data[0].permitted |= 1 << CAP_SETPCAP;
     // SAFETY: capset reads a v3 header and two data structs on this stack frame; prctl takes
     // integers only.
     unsafe {
@@ -348,6 +353,12 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
             ) != 0
             {
                 return last();
+            }
+        }
+        // The ambient set survives this; prctl fails (EINVAL) past the kernel's last cap.
+        for cap in 0..64 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0 {
+                break;
             }
         }
     }

@@ -6,23 +6,25 @@
 # CAP_SETPCAP, all confined to the sandbox's own user namespace). It never runs a program:
 # it has imported what a run needs and forks one single-use sandbox per request:
 #
-#   zygote ── slot (new mount/net/ipc/uts/pid/cgroup namespaces, fresh /work, /tmp, /dev/shm)
-#               └── init, pid 1 of the run (fresh /proc, loopback up, reaps, reports exit)
-#                     └── program (setsid, rlimits, no capabilities, no_new_privs,
-#                                  Landlock, seccomp; then reads its program on fd 0)
+#   zygote ── init, pid 1 of the run: cloned into new mount/net/ipc/uts/pid namespaces,
+#             │   then its own cgroup namespace, fresh /work, /tmp, /dev/shm and /proc,
+#             │   loopback up; reaps, reports the program's exit
+#             └── program (setsid, rlimits, no capabilities, no_new_privs,
+#                          Landlock, seccomp; then reads its program on fd 0)
 #
-# The server sends each request on fd 4 (a SOCK_SEQPACKET socket) with four fds: the run's
-# control socket, stdin, stdout and stderr. Each program builds its Landlock ruleset itself,
+# The server sends each request on fd 4 (a SOCK_SEQPACKET socket) with five fds: the run's
+# control socket, stdin, stdout, stderr and the done pipe (on which the program says how it
+# ended, see _finish). Each program builds its Landlock ruleset itself,
 # with the rules of jail/landlock.rs (Landlock rules name inodes, and each run's /work,
 # /tmp and /dev/shm are new). The seccomp filters are the same compiled BPF the cold path installs
 # (/.gearbox/seccomp-N.bpf), and /.gearbox/zygote.json holds the limits. The slot, its init
 # and its program speak to the server on the control socket (one JSON message per packet);
 # the kernel attaches each sender's pid (SO_PASSCRED), which the server uses to put the slot
-# in its own cgroup and to kill the run.
+# in its own cgroup and to kill the run. The zygote's bounding set is empty (its init
+# emptied it before exec), and so is that of every process it forks.
 import ctypes as _ctypes
 import gc as _gc
 import io as _io
-import select as _select
 import glob as _glob
 import importlib.machinery as _machinery
 import json as _json
@@ -37,7 +39,7 @@ import types as _types
 import fcntl as _fcntl
 
 _CONTROL_FD = 4
-# The program's end of the pipe on which it tells its init how it ended (see _finish).
+# The program's end of the pipe on which it tells the server how it ended (see _finish).
 _done_fd = -1
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
@@ -55,8 +57,8 @@ _MS_MOVE = 8192
 _MS_REC = 16384
 _MNT_DETACH = 2
 _PR_SET_SECCOMP = 22
-_PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_NAME = 15
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _SECCOMP_MODE_FILTER = 2
@@ -86,6 +88,12 @@ _libc.unshare.argtypes = [_ctypes.c_int]
 _libc.prctl.argtypes = [_ctypes.c_int] + [_ctypes.c_ulong] * 4
 _libc.syscall.restype = _ctypes.c_long
 _libc.capset.argtypes = [_ctypes.c_void_p, _ctypes.c_void_p]
+# clone(2) through a PyDLL, which keeps the GIL across the call: the child resumes in the
+# same consistent interpreter state as a fork's child (the zygote has one thread).
+_pylibc = _ctypes.PyDLL(None, use_errno=True)
+_pylibc.syscall.restype = _ctypes.c_long
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(_os.uname().machine)
+_SIGCHLD = 17
 
 
 class _Fail(Exception):
@@ -128,38 +136,69 @@ class _Config:
                 self.filters.append(f.read())
 
 
+def _name(name):
+    """The process's name (comm), which shows in ps and /proc/PID/comm."""
+    buf = _ctypes.create_string_buffer(name[:15])
+    _libc.prctl(_PR_SET_NAME, _ctypes.addressof(buf), 0, 0, 0)
+
+
+# The interpreter's own name, which each program takes back: a program sees what it would
+# see when started as `python3 main.py`.
+with open("/proc/self/comm", "rb") as _f:
+    _PROGRAM_NAME = _f.read().strip()
+
+
 def _serve():
+    _name(b"gb-zygote")
     config = _Config()
     control = _socket.socket(fileno=_CONTROL_FD)
     # Everything imported so far stays untouched by the collector in every fork, so forks
     # share those pages instead of copying them.
     _gc.collect()
     _gc.freeze()
+    # Each run's init is a child of the zygote until the run ends: reap them as they end.
+    _signal.signal(_signal.SIGCHLD, lambda _sig, _frame: _reap())
     while True:
         try:
-            msg, fds, _flags, _addr = _socket.recv_fds(control, 4096, 4)
+            msg, fds, _flags, _addr = _socket.recv_fds(control, 4096, 5)
         except InterruptedError:
             continue
         if not msg:
             return
-        _reap()
-        if len(fds) != 4:
+        if len(fds) != 5:
             for fd in fds:
                 _os.close(fd)
             continue
-        pid = _os.fork()
+        pid = _clone(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID)
         if pid == 0:
             code = 1
             try:
+                _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
                 control.close()
-                _slot(fds, config)
+                _init(fds, config)
                 code = 0
             except BaseException:
                 _traceback.print_exc()
             finally:
                 _os._exit(code)
+        if pid < 0:
+            chan = _socket.socket(fileno=fds[0])
+            _send(chan, t="failed", step="new namespaces", message=_os.strerror(_ctypes.get_errno()))
+            chan.close()
+            fds = fds[1:]
         for fd in fds:
             _os.close(fd)
+
+
+def _clone(flags):
+    """fork(2) into new namespaces in one step; the child is pid 1 of a new pid namespace."""
+    if _SYS_CLONE is None:
+        _ctypes.set_errno(38)  # ENOSYS: no clone number for this architecture
+        return -1
+    zero = _ctypes.c_long(0)
+    return _pylibc.syscall(
+        _ctypes.c_long(_SYS_CLONE), _ctypes.c_ulong(flags | _SIGCHLD), zero, zero, zero, zero
+    )
 
 
 def _reap():
@@ -172,9 +211,11 @@ def _reap():
             return
 
 
-def _slot(fds, config):
-    """A fresh set of namespaces and scratch space; forks the run's pid 1, then exits."""
-    chan_fd, stdin_fd, stdout_fd, stderr_fd = fds
+def _init(fds, config):
+    """Pid 1 of the run: once the server has put it in the run's cgroup, its own cgroup
+    namespace, scratch space, /proc and loopback; then the program; reports its exit."""
+    _name(b"gb-init")
+    chan_fd, stdin_fd, stdout_fd, stderr_fd, done_fd = fds
     chan = _socket.socket(fileno=chan_fd)
     chan.setblocking(True)
     _send(chan, t="hello")
@@ -182,17 +223,8 @@ def _slot(fds, config):
     if not go:
         return
     try:
-        _check(
-            _libc.unshare(
-                _CLONE_NEWNS
-                | _CLONE_NEWNET
-                | _CLONE_NEWIPC
-                | _CLONE_NEWUTS
-                | _CLONE_NEWPID
-                | _CLONE_NEWCGROUP
-            ),
-            "new namespaces",
-        )
+        # After the move into the run's cgroup, so that the namespace's root is that cgroup.
+        _check(_libc.unshare(_CLONE_NEWCGROUP), "new cgroup namespace")
         inodes = min(max(config.disk_mb * 64, 1024), 1 << 20)
         stage = "/.gearbox/stage"
         _mount(
@@ -214,24 +246,6 @@ def _slot(fds, config):
             _mount(src, target, None, _MS_BIND, None, "bind /" + sub)
         _check(_libc.umount2(stage.encode(), _MNT_DETACH), "detach scratch stage")
         _socket.sethostname("gearbox")
-    except _Fail as e:
-        _send(chan, t="failed", step=e.step, message=e.message)
-        return
-    except Exception as e:
-        _send(chan, t="failed", step="build slot", message=repr(e))
-        return
-    if _os.fork() == 0:
-        code = 1
-        try:
-            _init(chan, stdin_fd, stdout_fd, stderr_fd, config)
-            code = 0
-        finally:
-            _os._exit(code)
-
-
-def _init(chan, stdin_fd, stdout_fd, stderr_fd, config):
-    """Pid 1 of the run: its own /proc and loopback, then the program; reports its exit."""
-    try:
         staged = "/.gearbox/proc"
         _mount("proc", staged, "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None, "mount /proc")
         for sub in _PROC_READONLY:
@@ -257,21 +271,20 @@ def _init(chan, stdin_fd, stdout_fd, stderr_fd, config):
     except Exception as e:
         _send(chan, t="failed", step="build init", message=repr(e))
         return
-    done_r, done_w = _os.pipe()
     child = _os.fork()
     if child == 0:
         code = 127
         try:
             global _done_fd
-            _os.close(done_r)
-            _done_fd = done_w
+            _name(_PROGRAM_NAME)
+            _done_fd = done_fd
             _program(chan, stdin_fd, stdout_fd, stderr_fd, config)
         finally:
             _os._exit(code)
-    for fd in (stdin_fd, stdout_fd, stderr_fd, done_w):
+    for fd in (stdin_fd, stdout_fd, stderr_fd, done_fd):
         _os.close(fd)
     _send(chan, t="ready")
-    exited = _await_program(child, done_r)
+    exited = _await_program(child)
     _send(chan, t="exited", **exited)
     # Whatever the program left behind dies with this pid namespace.
     try:
@@ -280,35 +293,9 @@ def _init(chan, stdin_fd, stdout_fd, stderr_fd, config):
         pass
 
 
-def _await_program(child, done_r):
-    """How the program ended. A program that ends through _finish says so on the done pipe
-    before its process is torn down (which takes a millisecond or more for a fork of the
-    interpreter), so the answer does not wait for that; any other end (a signal, an exec'd
-    program, a closed pipe) is read from its wait status."""
-    pidfd = _os.pidfd_open(child)
-    poller = _select.poll()
-    poller.register(done_r, _select.POLLIN)
-    poller.register(pidfd, _select.POLLIN)
-    while True:
-        try:
-            ready = dict(poller.poll())
-        except InterruptedError:
-            continue
-        if ready.get(done_r):
-            try:
-                said = _json.loads(_os.read(done_r, 4096) or b"null")
-            except ValueError:
-                said = None
-            if isinstance(said, dict) and isinstance(said.get("code"), int):
-                return {
-                    "code": said["code"] & 0xFF,
-                    "signal": None,
-                    "cpu_time_ms": int(said.get("cpu_time_ms", 0)),
-                    "max_rss_kb": int(said.get("max_rss_kb", 0)),
-                }
-            poller.unregister(done_r)
-        if ready.get(pidfd):
-            break
+def _await_program(child):
+    """How the program ended, from its wait status. (A program that ends through _finish
+    has already told the server on the done pipe; this is what every other end reports.)"""
     while True:
         try:
             pid, status = _os.waitpid(-1, 0)
@@ -340,9 +327,7 @@ def _loopback_up():
 
 
 def _drop_capabilities():
-    for cap in range(64):
-        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break
+    # The bounding set is already empty (see the top of this file).
     _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = (_ctypes.c_uint32 * 2)(0x20080522, 0)
     data = (_ctypes.c_uint32 * 6)()
@@ -469,6 +454,9 @@ def _prewarm():
     for stream in (_sys.stdout, _sys.stderr):
         stream.flush()
     import atexit  # noqa: F401  (imported by _finish)
+    # The program's environment is the job's alone: the fork server's leaves now.
+    _os.environ["GEARBOX_PREWARM"] = "1"
+    _os.environ.clear()
 
 
 def _read_exact(n):
@@ -519,7 +507,6 @@ def _run(job):
     """Run the program as `python3 -s main.py args` would, then exit without tearing the
     interpreter down (the process ends here; atexit handlers and non-daemon threads still
     run first)."""
-    _os.environ.clear()
     _os.environ.update(job["env"])
     argv = job["program_argv"]
     path = _os.path.join("/work", argv[0])
