@@ -4,11 +4,12 @@
 //! One zygote runs per pool key, inside a sandbox built like any other (the helper's init
 //! builds the root and starts `launchers/python_zygote.py` with the Landlock ruleset on fd 3
 //! and a `SOCK_SEQPACKET` control socket on fd 4). For each slot the server sends one packet
-//! with four fds: the slot's own control socket, and the program's stdin, stdout and stderr
-//! pipes. The zygote forks; the child builds a fresh set of mount, network, IPC, UTS, pid
-//! and cgroup namespaces and scratch tmpfs, forks the run's pid 1, which mounts its /proc and
-//! forks the program, which restricts itself exactly as the cold path's program does
-//! (setsid, rlimits, every capability dropped, no_new_privs, Landlock, the same compiled
+//! with five fds: the slot's own control socket, the program's stdin, stdout and stderr
+//! pipes, and the done pipe on which the program says how it ended. The zygote clones the
+//! run's pid 1 straight into fresh mount, network, IPC, UTS and pid namespaces; once in its
+//! own cgroup it takes a cgroup namespace, scratch tmpfs and /proc, and forks the program,
+//! which restricts itself exactly as the cold path's program does (setsid, rlimits, every
+//! capability dropped, no_new_privs, Landlock, the same compiled
 //! seccomp filters) and then blocks reading its program from stdin. Nothing is shared
 //! between runs but the read-only root and the zygote's pristine memory (copy-on-write).
 //!
