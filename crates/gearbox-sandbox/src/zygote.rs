@@ -41,6 +41,11 @@ use crate::wire::{HandOver, JailReport, Mode, Pooled, StepError, encode_handover
 const BUILD_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a program may take from hand-over to `started` (reading its files).
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
+/// The nice value a fork server and the sandboxes it builds run at until a run is handed
+/// over: building the pool's next sandbox, and a finished run's teardown, yield the CPU to
+/// requests (set before the fork server's exec, see `jail/init.rs`).
+pub(crate) const BUILD_NICE: i32 = 10;
+
 /// How long output is still read after the run's pid 1 reported the exit.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
@@ -235,6 +240,7 @@ impl Zygote {
         };
         send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup("build slot", e.to_string()))?;
         let mut applied = false;
+        let mut program = None;
         while guard.init.is_none() || !applied {
             let (msg, pid) = next_built(&chan, deadline).await?;
             match serde_json::from_slice::<SlotMsg>(&msg) {
@@ -245,6 +251,9 @@ impl Zygote {
                 Ok(SlotMsg::Applied { mechanisms }) => {
                     enforced.extend(mechanisms);
                     applied = true;
+                    if let Some(pid) = pid {
+                        program = Some((pid, pidfd_open(pid).map_err(SandboxError::Spawn)?));
+                    }
                 }
                 Ok(SlotMsg::Failed { step, message }) => return Err(setup(&step, message)),
                 _ => return Err(setup("build slot", "unexpected message".into())),
@@ -265,6 +274,7 @@ impl Zygote {
             stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(spawn)?,
             stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(spawn)?,
             done: tokio::net::unix::pipe::Receiver::from_owned_fd(done_r).map_err(spawn)?,
+            program,
             enforced,
         })
     }
@@ -282,6 +292,9 @@ pub(crate) struct Slot {
     /// for that, nor for the run's init. Any other end (a signal, an exec'd program) comes
     /// from init's `exited`, from the wait status.
     done: tokio::net::unix::pipe::Receiver,
+    /// The program's pid (in the server's pid namespace) and a pidfd that tells whether that
+    /// pid is still the program.
+    program: Option<(i32, OwnedFd)>,
     enforced: Vec<String>,
 }
 
@@ -392,8 +405,16 @@ impl Slot {
             stdout,
             stderr,
             done,
+            program,
             enforced,
         } = self;
+        // Built at BUILD_NICE; the run itself gets the normal priority a cold run has.
+        if let Some((pid, pidfd)) = &program
+            && !pidfd_exited(pidfd)
+        {
+            // SAFETY: setpriority takes integers; the pidfd says the pid is still ours.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, *pid as libc::id_t, 0) };
+        }
         let slot_kill = || guard.kill();
         let handed = Instant::now();
         let writer = async move {
@@ -554,6 +575,18 @@ async fn next_built(
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::Spawn(e.into()))
+}
+
+/// Whether the process behind `pidfd` has exited (its pid may be someone else's by now).
+fn pidfd_exited(pidfd: &OwnedFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one pollfd on this stack frame, no timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n != 0
 }
 
 fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {

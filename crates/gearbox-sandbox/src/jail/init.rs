@@ -362,6 +362,10 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
             }
         }
     }
+    // SAFETY: setpriority takes integers.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, crate::zygote::BUILD_NICE) } != 0 {
+        return last();
+    }
     match nix::unistd::execve(&argv[0], argv, envp) {
         Err(e) => e.into(),
         Ok(never) => match never {},
