@@ -186,6 +186,7 @@ try:
 except OSError:
     print('init environ refused')
 print('LEAK' if b'CARGO' in env or b'RUST' in env else 'env clean', sorted(os.environ))
+print('nice', os.getpriority(os.PRIO_PROCESS, 0))
 "#;
     let o = forked(&engine, run("python", code)).await;
     assert_eq!(o.status, Status::Ok, "{o:?}");
@@ -205,6 +206,8 @@ print('LEAK' if b'CARGO' in env or b'RUST' in env else 'env clean', sorted(os.en
     // pid 1 (the run's init) and the program: nothing of the fork server or other runs.
     assert!(o.stdout.contains("pids [1, 2] 2 1"), "{}", o.stdout);
     assert!(o.stdout.contains("init environ refused"), "{}", o.stdout);
+    // Built at a lower priority, run at the normal one (as a cold run).
+    assert!(o.stdout.contains("nice 0"), "{}", o.stdout);
 
     // Two runs at once from the same fork server: no shared files, loopback, abstract
     // sockets, processes, or signals.
