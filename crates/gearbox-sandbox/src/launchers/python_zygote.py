@@ -2,8 +2,9 @@
 #
 # Started once per pool key inside a built sandbox root (user, mount, pid, net, ipc and uts
 # namespaces; read-only root) by the sandbox's init, as the sandbox user, keeping only the
-# capabilities it needs to build per-run namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN,
-# CAP_SETPCAP, all confined to the sandbox's own user namespace). It never runs a program:
+# capabilities it needs to build per-run namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN, both
+# confined to the sandbox's own user namespace), at nice 10 (the server sets each program
+# back to 0 when it hands the run over). It never runs a program:
 # it has imported what a run needs and forks one single-use sandbox per request:
 #
 #   zygote ── init, pid 1 of the run: cloned into new mount/net/ipc/uts/pid namespaces,
@@ -17,7 +18,7 @@
 # ended, see _finish). Each program builds its Landlock ruleset itself,
 # with the rules of jail/landlock.rs (Landlock rules name inodes, and each run's /work,
 # /tmp and /dev/shm are new). The seccomp filters are the same compiled BPF the cold path installs
-# (/.gearbox/seccomp-N.bpf), and /.gearbox/zygote.json holds the limits. The slot, its init
+# (/.gearbox/seccomp-N.bpf), and /.gearbox/zygote.json holds the limits. The run's init
 # and its program speak to the server on the control socket (one JSON message per packet);
 # the kernel attaches each sender's pid (SO_PASSCRED), which the server uses to put the slot
 # in its own cgroup and to kill the run. The zygote's bounding set is empty (its init
