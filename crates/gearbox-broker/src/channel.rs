@@ -156,6 +156,42 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> BrokerError {
     BrokerError::Io(format!("{what} {}: {e}", path.display()))
 }
 
+/// The sandbox user must be able to walk down to `root` to reach the SDK and the socket
+/// that a run's mount exposes. `root`'s parent, when this server owns it (the shared state
+/// directory, `/run/gearbox` as root), is made traversable (0711) if something created it
+/// private; any other ancestor that is not traversable is a clear error, not a program that
+/// cannot import its SDK. Only as root: unprivileged, the sandbox user is this server's own
+/// uid.
+fn reachable_by_sandbox(root: &Path) -> Result<(), BrokerError> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    if let Some(parent) = root.parent() {
+        let meta = std::fs::metadata(parent).map_err(|e| io("inspecting", parent, e))?;
+        if meta.uid() == 0 && meta.mode() & 0o011 != 0o011 {
+            let mode = (meta.mode() & 0o7777) | 0o711;
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| io("chmod", parent, e))?;
+        }
+    }
+    for dir in root.ancestors() {
+        let meta = std::fs::metadata(dir).map_err(|e| io("inspecting", dir, e))?;
+        if meta.mode() & 0o001 == 0 {
+            return Err(BrokerError::Io(format!(
+                "{} (mode {:o}) cannot be traversed by the sandbox user, so runs could not \
+                 reach the broker's SDK and socket under {}; allow it (chmod o+x) or set the \
+                 broker's runtime directory elsewhere",
+                dir.display(),
+                meta.mode() & 0o7777,
+                root.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn write_ro(path: &Path, text: &str) -> Result<(), BrokerError> {
     std::fs::write(path, text).map_err(|e| io("writing", path, e))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444))
@@ -173,6 +209,7 @@ pub(crate) async fn open(
         .mode(0o711)
         .create(&root)
         .map_err(|e| io("creating", &root, e))?;
+    reachable_by_sandbox(&root)?;
     let dir = root.join(format!("run-{}", uuid::Uuid::new_v4().simple()));
     std::fs::DirBuilder::new()
         .mode(0o711)
@@ -646,6 +683,32 @@ mod tests {
         assert!(!p.allows("everything", "echo"));
         assert!(p.allows("memory", "read_graph"));
         assert!(p.touches("memory") && p.touches("everything") && !p.touches("fs"));
+    }
+
+    /// A private shared state directory (as another part of the server may create it) is
+    /// made traversable; a private ancestor further up is a clear error. Root only.
+    #[test]
+    fn the_runtime_dir_is_reachable_by_the_sandbox_user_or_an_error() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: the check applies to a root server only");
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("gearbox-reach-{}", std::process::id()));
+        let shared = base.join("state");
+        std::fs::create_dir_all(shared.join("broker")).expect("mkdir");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        reachable_by_sandbox(&shared.join("broker")).expect("healed");
+        let mode = std::fs::metadata(&shared)
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o711);
+
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let e = reachable_by_sandbox(&shared.join("broker")).expect_err("private ancestor");
+        assert!(e.to_string().contains("cannot be traversed"), "{e}");
+        std::fs::remove_dir_all(&base).expect("cleanup");
     }
 
     #[test]

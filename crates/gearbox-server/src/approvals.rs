@@ -444,6 +444,14 @@ impl Drop for LocalChannel {
 /// Bind the approval socket in `dir` (created 0700) and serve it in the background.
 pub fn serve_local(approvals: Arc<Approvals>, dir: &Path) -> std::io::Result<LocalChannel> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    // Parents it creates are traversable (0711): they may be shared with other state
+    // directories that sandboxes must reach (the broker's SDK under `/run/gearbox/broker`).
+    if let Some(parent) = dir.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(parent)?;
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
