@@ -324,6 +324,22 @@ async fn read_done(mut done: tokio::net::unix::pipe::Receiver) -> Option<Done> {
     }
 }
 
+/// Record how the program ended (from its done pipe or from init's `exited`).
+fn ended(
+    report: &mut JailReport,
+    started: Option<Instant>,
+    code: Option<i32>,
+    signal: Option<i32>,
+    cpu_time_ms: u64,
+    max_rss_kb: u64,
+) {
+    report.duration_us = started.map_or(0, |s| s.elapsed().as_micros() as u64);
+    report.exit_code = code;
+    report.signal = signal;
+    report.cpu_time_ms = Some(cpu_time_ms);
+    report.peak_memory_kb = Some(max_rss_kb);
+}
+
 /// A slot's pid 1 and cgroup. Dropped — the run ended, failed, or its caller went away (a
 /// cancelled call) — it kills every process of the run and removes the cgroup.
 struct RunGuard {
@@ -472,11 +488,15 @@ impl Slot {
                         continue;
                     }
                     Ok(Some(d)) => {
-                        report.duration_us =
-                            started.map(|s| s.elapsed().as_micros() as u64).unwrap_or(0);
-                        report.exit_code = Some(d.code & 0xFF);
-                        report.cpu_time_ms = Some(d.cpu_time_ms);
-                        report.peak_memory_kb = Some(d.max_rss_kb);
+                        let code = Some(d.code & 0xFF);
+                        ended(
+                            &mut report,
+                            started,
+                            code,
+                            None,
+                            d.cpu_time_ms,
+                            d.max_rss_kb,
+                        );
                         break;
                     }
                     Err(r) => r,
@@ -517,12 +537,7 @@ impl Slot {
                             cpu_time_ms,
                             max_rss_kb,
                         }) => {
-                            report.duration_us =
-                                started.map(|s| s.elapsed().as_micros() as u64).unwrap_or(0);
-                            report.exit_code = code;
-                            report.signal = signal;
-                            report.cpu_time_ms = Some(cpu_time_ms);
-                            report.peak_memory_kb = Some(max_rss_kb);
+                            ended(&mut report, started, code, signal, cpu_time_ms, max_rss_kb);
                             break;
                         }
                         _ => {}
