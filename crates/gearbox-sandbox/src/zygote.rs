@@ -64,7 +64,7 @@ pub(crate) fn supported() -> bool {
     *SUPPORTED.get_or_init(|| {
         nix::unistd::Uid::current().is_root()
             && !matches!(
-                crate::jail::CgroupSupport::detect(),
+                crate::jail::CgroupSupport::cached(),
                 crate::jail::CgroupSupport::None { .. }
             )
     })

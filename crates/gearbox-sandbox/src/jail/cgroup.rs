@@ -30,6 +30,14 @@ pub enum CgroupSupport {
 }
 
 impl CgroupSupport {
+    /// What [`CgroupSupport::detect`] found the first time this process asked: a server
+    /// creates a cgroup for every fork-server slot, and reading mountinfo each time showed up
+    /// in its profile. (`gearbox doctor` detects afresh.)
+    pub fn cached() -> CgroupSupport {
+        static DETECTED: std::sync::OnceLock<CgroupSupport> = std::sync::OnceLock::new();
+        DETECTED.get_or_init(CgroupSupport::detect).clone()
+    }
+
     /// Read /proc/self/mountinfo.
     pub fn detect() -> CgroupSupport {
         let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
@@ -157,7 +165,7 @@ impl Cgroup {
             limits: *limits,
         };
         let mem_bytes = limits.memory_mb * 1024 * 1024;
-        match CgroupSupport::detect() {
+        match CgroupSupport::cached() {
             CgroupSupport::None { why } => return Err(why),
             CgroupSupport::V1 {
                 memory,
