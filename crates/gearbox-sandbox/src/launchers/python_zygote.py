@@ -484,7 +484,6 @@ def _prewarm():
         stream.flush()
     import atexit  # noqa: F401  (imported by _finish)
     # The program's environment is the job's alone: the fork server's leaves now.
-    _os.environ["GEARBOX_PREWARM"] = "1"
     _os.environ.clear()
 
 
