@@ -333,6 +333,28 @@ for pid in range(3, 400):
     assert_eq!(o.stdout, "next\n", "{o:?}");
     assert!(python_stats(&engine).fork_server);
 
+    // The done pipe is the program's to write: a forged end ends only its own run, at once,
+    // and whatever the run left running dies with it.
+    ready(&engine, 1).await;
+    let marker = "sleep 42.3187";
+    let code = format!(
+        "import json, os, subprocess\nsubprocess.Popen(['setsid', 'sleep', '42.3187'])\n\
+         print('forged', flush=True)\nfor fd in os.listdir('/proc/self/fd'):\n    try:\n        \
+         if int(fd) > 2 and os.readlink(f'/proc/self/fd/{{fd}}').startswith('pipe:'):\n            \
+         os.write(int(fd), json.dumps({{'code': 7, 'cpu_time_ms': 0, 'max_rss_kb': 0}}).encode())\n    \
+         except OSError:\n        pass\nsubprocess.run(['{marker}'], shell=True)\nprint('never')"
+    );
+    let t = std::time::Instant::now();
+    let o = forked(&engine, run("python", &code).timeout_ms(20_000)).await;
+    assert_eq!(
+        (o.exit_code, o.stdout.as_str()),
+        (Some(7), "forged\n"),
+        "{o:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
+
     // A cancelled call (the future dropped mid-run) takes its sandbox with it.
     ready(&engine, 1).await;
     let marker = "sleep 41.2719";
