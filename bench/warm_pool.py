@@ -9,7 +9,8 @@ For Python `print(1)`, Node `console.log(1)` and Bash `echo 1`, in one run:
   2. `gearbox run` (cold sandbox, one CLI process per run);
   3. MCP `execute_code` over stdio, cold (`pool = {}`);
   4. MCP `execute_code` over stdio, warm pool (the default).
-Sequential: median/p90/p99 over n runs. Then throughput (runs/s) at concurrency 1/2/4/8 for
+Sequential: median/p90/p99 over n runs, and the machine's busy CPU per run over the same
+runs (from /proc/stat: every process, the client included; the pool's refills included). Then throughput (runs/s) at concurrency 1/2/4/8 for
 (1) and (4), each bounded by --seconds. Minimal JSON-lines MCP client; standard library only.
 """
 import argparse
@@ -96,13 +97,26 @@ class Rpc:
 GAP_S = 0.0
 
 
-def timed(fn, n):
+def busy_ms():
+    """Busy CPU of the whole machine so far (all but idle and iowait), ms."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+CPU = {}  # (language, path) -> machine CPU ms per run, client included
+
+
+def timed(fn, n, key=None):
     out = []
+    cpu0 = busy_ms()
     for _ in range(n):
         time.sleep(GAP_S)
         t = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t) * 1000)
+    if key is not None:
+        CPU[key] = (busy_ms() - cpu0) / n
     return out
 
 
@@ -151,10 +165,10 @@ def main():
             for _ in range(5):
                 f()
         res = {
-            "bare": timed(run_bare, a.n),
-            "gearbox run (cold)": timed(run_cli, max(50, a.n // 4)),
-            "MCP cold": timed(lambda: cold.run(lang, code), a.n),
-            "MCP warm": timed(lambda: warm.run(lang, code), a.n),
+            "bare": timed(run_bare, a.n, (lang, "bare")),
+            "gearbox run (cold)": timed(run_cli, max(50, a.n // 4), (lang, "gearbox run (cold)")),
+            "MCP cold": timed(lambda: cold.run(lang, code), a.n, (lang, "MCP cold")),
+            "MCP warm": timed(lambda: warm.run(lang, code), a.n, (lang, "MCP warm")),
         }
         rows.append((lang, res))
         for conc in ((1, 2, 4, 8) if a.seconds > 0 else ()):
@@ -163,12 +177,13 @@ def main():
     cold.close()
     warm.close()
     print(f"sequential latency, ms (n={a.n}; gearbox run n={max(50, a.n // 4)}; {a.gap_ms:.0f} ms idle between calls)")
-    print(f"{'language':<11} {'path':<20} {'median':>8} {'p90':>8} {'p99':>8} {'vs bare':>8}")
+    print(f"{'language':<11} {'path':<20} {'median':>8} {'p90':>8} {'p99':>8} {'vs bare':>8} {'CPU/run':>8}")
     for lang, res in rows:
         base = statistics.median(res["bare"])
         for name, xs in res.items():
             m = statistics.median(xs)
-            print(f"{lang:<11} {name:<20} {m:8.2f} {pct(xs, 90):8.2f} {pct(xs, 99):8.2f} {m / base:7.2f}x")
+            cpu = CPU.get((lang, name), 0.0)
+            print(f"{lang:<11} {name:<20} {m:8.2f} {pct(xs, 90):8.2f} {pct(xs, 99):8.2f} {m / base:7.2f}x {cpu:8.2f}")
     print(f"\nthroughput, runs/s ({a.seconds:.0f} s per cell)")
     print(f"{'language':<11} {'conc':>4} {'bare':>8} {'MCP warm':>9} {'ratio':>6}")
     for lang, conc, b, w in tput:
