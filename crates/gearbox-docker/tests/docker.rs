@@ -322,12 +322,21 @@ async fn no_container_left_behind_after_a_run_or_a_cancelled_run() {
 
     // Drop the run's future while the program runs: the container goes away anyway.
     let m = mark();
-    let fut = sb.run(marked("import time\ntime.sleep(60)", &m));
-    assert!(
-        tokio::time::timeout(Duration::from_secs(3), fut)
-            .await
-            .is_err()
-    );
+    // Drive the run until its container exists (on a loaded machine creating and starting
+    // it can take seconds), then drop it.
+    let mut fut = Box::pin(sb.run(marked("import time\ntime.sleep(60)", &m)));
+    let t = Instant::now();
+    loop {
+        tokio::select! {
+            o = &mut fut => panic!("the run ended before it was dropped: {o:?}"),
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        if !containers_marked(&sb, &m).await.is_empty() {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "never started");
+    }
+    drop(fut);
     assert_eq!(containers_marked(&sb, &m).await.len(), 1, "running now");
     let t = Instant::now();
     while !containers_marked(&sb, &m).await.is_empty() {
