@@ -107,9 +107,13 @@ pub fn build_root(
     Ok(())
 }
 
-/// What a fork server needs beside its script (see `launchers/python_zygote.py`): empty
-/// mount points for each run's scratch and /proc, the compiled seccomp filters (the same
-/// BPF the cold path installs), and the limits its programs apply to themselves.
+/// The fork server's native loop (`launchers/fork.rs`, built by `build.rs`).
+const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
+
+/// What a fork server needs beside its script (see `launchers/python_zygote.py`): its
+/// native loop, empty mount points for each run's scratch and /proc, the compiled seccomp
+/// filters (the same BPF the cold path installs), and the limits its programs apply to
+/// themselves.
 fn write_zygote_files(
     root: &Path,
     spec: &JailSpec,
@@ -119,6 +123,7 @@ fn write_zygote_files(
     for sub in ["stage", "proc"] {
         fs::create_dir_all(dir.join(sub)).step("create fork server mount points")?;
     }
+    fs::write(dir.join("fork.so"), FORK_SO).step("write fork server loop")?;
     for (i, filter) in filters.iter().enumerate() {
         let mut bytes = Vec::with_capacity(filter.len() * 8);
         for insn in filter {

@@ -1,0 +1,754 @@
+//! The fork server's native loop (`/.gearbox/fork.so`, loaded by `python_zygote.py`).
+//!
+//! The Python fork server calls [`gb_serve`] once, holding the GIL, after it has imported
+//! what a run needs. The loop never goes back to Python in the fork server: it receives slot
+//! requests, clones each run's init (pid 1) into new namespaces, and that init, also native,
+//! builds the run's scratch space, /proc and loopback and forks the program. Only the
+//! program returns to Python, already restricted, with its stdio in place.
+//!
+//! Why native: every page a process writes after a fork is copied (or at least faulted) once
+//! per fork. A Python loop and a Python init write hundreds of pages (reference counts,
+//! frames, the allocator) for every run; this code writes a few stack pages.
+//!
+//! Built by `build.rs` with `rustc --crate-type cdylib` and no dependencies (a build script
+//! cannot use a cdylib of the workspace as an artifact on stable Cargo), so the few libc
+//! functions and kernel structures it needs are declared here. Linux x86_64 and aarch64.
+
+#![allow(non_camel_case_types, clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void};
+use std::fmt::Write as _;
+
+unsafe extern "C" {
+    fn syscall(n: c_long, ...) -> c_long;
+    fn recvmsg(fd: c_int, msg: *mut MsgHdr, flags: c_int) -> isize;
+    fn send(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize;
+    fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize;
+    fn close(fd: c_int) -> c_int;
+    fn fork() -> c_int;
+    fn unshare(flags: c_int) -> c_int;
+    fn mount(
+        src: *const c_char,
+        target: *const c_char,
+        fstype: *const c_char,
+        flags: c_ulong,
+        data: *const c_void,
+    ) -> c_int;
+    fn umount2(target: *const c_char, flags: c_int) -> c_int;
+    fn mkdir(path: *const c_char, mode: c_uint) -> c_int;
+    fn chmod(path: *const c_char, mode: c_uint) -> c_int;
+    fn access(path: *const c_char, mode: c_int) -> c_int;
+    fn open(path: *const c_char, flags: c_int, ...) -> c_int;
+    fn sethostname(name: *const c_char, len: usize) -> c_int;
+    fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
+    fn ioctl(fd: c_int, request: c_ulong, ...) -> c_int;
+    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+    fn getrusage(who: c_int, usage: *mut RUsage) -> c_int;
+    fn kill(pid: c_int, sig: c_int) -> c_int;
+    fn _exit(code: c_int) -> !;
+    fn prctl(option: c_int, ...) -> c_int;
+    fn dup2(old: c_int, new: c_int) -> c_int;
+    fn setsid() -> c_int;
+    fn setrlimit(resource: c_int, limit: *const RLimit) -> c_int;
+    fn chdir(path: *const c_char) -> c_int;
+    fn signal(sig: c_int, handler: usize) -> usize;
+    fn __errno_location() -> *mut c_int;
+    fn strerror(errnum: c_int) -> *const c_char;
+}
+
+#[cfg(target_arch = "x86_64")]
+const SYS_CLONE: c_long = 56;
+#[cfg(target_arch = "x86_64")]
+const SYS_CAPSET: c_long = 126;
+#[cfg(target_arch = "aarch64")]
+const SYS_CLONE: c_long = 220;
+#[cfg(target_arch = "aarch64")]
+const SYS_CAPSET: c_long = 91;
+const SYS_LANDLOCK_CREATE_RULESET: c_long = 444;
+const SYS_LANDLOCK_ADD_RULE: c_long = 445;
+const SYS_LANDLOCK_RESTRICT_SELF: c_long = 446;
+
+const CLONE_NEWNS: c_int = 0x0002_0000;
+const CLONE_NEWCGROUP: c_int = 0x0200_0000;
+const CLONE_NEWUTS: c_int = 0x0400_0000;
+const CLONE_NEWIPC: c_int = 0x0800_0000;
+const CLONE_NEWPID: c_int = 0x2000_0000;
+const CLONE_NEWNET: c_int = 0x4000_0000;
+const SIGCHLD: c_int = 17;
+const SIGKILL: c_int = 9;
+const SIG_DFL: usize = 0;
+const EINTR: c_int = 4;
+const ECHILD: c_int = 10;
+const MSG_NOSIGNAL: c_int = 0x4000;
+const MSG_CMSG_CLOEXEC: c_int = 0x4000_0000;
+const SOL_SOCKET: c_int = 1;
+const SCM_RIGHTS: c_int = 1;
+const MS_NOSUID: c_ulong = 2;
+const MS_NODEV: c_ulong = 4;
+const MS_NOEXEC: c_ulong = 8;
+const MS_RDONLY: c_ulong = 1;
+const MS_REMOUNT: c_ulong = 32;
+const MS_BIND: c_ulong = 4096;
+const MS_MOVE: c_ulong = 8192;
+const MS_REC: c_ulong = 16384;
+const MNT_DETACH: c_int = 2;
+const O_PATH: c_int = 0o1000_0000;
+const O_CLOEXEC: c_int = 0o200_0000;
+const AF_INET: c_int = 2;
+const SOCK_DGRAM: c_int = 2;
+const SIOCGIFFLAGS: c_ulong = 0x8913;
+const SIOCSIFFLAGS: c_ulong = 0x8914;
+const IFF_UP: i16 = 1;
+const RLIMIT_CPU: c_int = 0;
+const RLIMIT_CORE: c_int = 4;
+const RLIMIT_NOFILE: c_int = 7;
+const RUSAGE_CHILDREN: c_int = -1;
+const PR_SET_NAME: c_int = 15;
+const PR_SET_SECCOMP: c_int = 22;
+const PR_SET_NO_NEW_PRIVS: c_int = 38;
+const PR_CAP_AMBIENT: c_int = 47;
+const PR_CAP_AMBIENT_CLEAR_ALL: c_ulong = 4;
+const SECCOMP_MODE_FILTER: c_ulong = 2;
+
+// Landlock (linux/landlock.h): access rights by the ABI that introduced them.
+const LL_EXECUTE: u64 = 1;
+const LL_WRITE_FILE: u64 = 2;
+const LL_READ_FILE: u64 = 4;
+const LL_READ_DIR: u64 = 8;
+const LL_ABI1: u64 = 0x1FFF;
+const LL_REFER: u64 = 0x2000;
+const LL_TRUNCATE: u64 = 0x4000;
+const LL_IOCTL_DEV: u64 = 0x8000;
+const LL_SCOPE_ALL: u64 = 0x3;
+const LL_TARGET_ABI: c_long = 6;
+const LL_RULE_PATH_BENEATH: c_int = 1;
+const LL_CREATE_RULESET_VERSION: c_uint = 1;
+
+/// /proc entries a run sees read-only (as the cold path's `jail/mount.rs` makes them).
+const PROC_READONLY: [&[u8]; 5] = [b"sys\0", b"sysrq-trigger\0", b"irq\0", b"bus\0", b"fs\0"];
+const WRITABLE: [&[u8]; 3] = [b"/work\0", b"/tmp\0", b"/dev/shm\0"];
+const DEVICES: [&[u8]; 5] = [
+    b"/dev/null\0",
+    b"/dev/zero\0",
+    b"/dev/full\0",
+    b"/dev/random\0",
+    b"/dev/urandom\0",
+];
+
+#[repr(C)]
+struct IoVec {
+    base: *mut c_void,
+    len: usize,
+}
+
+#[repr(C)]
+struct MsgHdr {
+    name: *mut c_void,
+    namelen: c_uint,
+    iov: *mut IoVec,
+    iovlen: usize,
+    control: *mut c_void,
+    controllen: usize,
+    flags: c_int,
+}
+
+#[repr(C)]
+struct CmsgHdr {
+    len: usize,
+    level: c_int,
+    ty: c_int,
+}
+
+#[repr(C)]
+struct TimeVal {
+    sec: i64,
+    usec: i64,
+}
+
+#[repr(C)]
+struct RUsage {
+    utime: TimeVal,
+    stime: TimeVal,
+    maxrss: c_long,
+    rest: [c_long; 13],
+}
+
+#[repr(C)]
+struct RLimit {
+    cur: u64,
+    max: u64,
+}
+
+#[repr(C, packed)]
+struct PathBeneath {
+    allowed: u64,
+    parent_fd: i32,
+}
+
+/// The kernel's `struct sock_fprog`: a compiled seccomp filter.
+#[repr(C)]
+pub struct SockFprog {
+    len: u16,
+    filter: *const c_void,
+}
+
+/// What the fork server passes in (`_NativeConfig` in python_zygote.py).
+#[repr(C)]
+pub struct Config {
+    control_fd: c_int,
+    disk_mb: u64,
+    open_files: u64,
+    cpu_s: u64,
+    nfilters: u32,
+    filters: *const *const SockFprog,
+    /// The interpreter's own process name, NUL-terminated, which each program takes back.
+    program_name: *const c_char,
+}
+
+/// What a program gets back: its control socket and its done pipe (stdio is on 0, 1, 2).
+#[repr(C)]
+pub struct Handed {
+    chan: c_int,
+    done: c_int,
+}
+
+fn errno() -> c_int {
+    // SAFETY: glibc's per-thread errno location.
+    unsafe { *__errno_location() }
+}
+
+/// A step that failed: its name and the errno it failed with.
+struct Fail(&'static str, c_int);
+
+fn check(r: c_int, step: &'static str) -> Result<c_int, Fail> {
+    if r < 0 {
+        Err(Fail(step, errno()))
+    } else {
+        Ok(r)
+    }
+}
+
+/// A JSON message built on the stack (no allocation: the heap is the interpreter's, and a
+/// write to it would copy a page).
+struct Buf {
+    data: [u8; 512],
+    len: usize,
+}
+
+impl Buf {
+    fn new() -> Buf {
+        Buf {
+            data: [0; 512],
+            len: 0,
+        }
+    }
+}
+
+impl std::fmt::Write for Buf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let b = s.as_bytes();
+        if self.len + b.len() > self.data.len() {
+            return Err(std::fmt::Error);
+        }
+        self.data[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+        Ok(())
+    }
+}
+
+fn send_buf(chan: c_int, buf: &Buf) {
+    // SAFETY: sends bytes from a buffer on this stack frame.
+    unsafe { send(chan, buf.data.as_ptr().cast(), buf.len, MSG_NOSIGNAL) };
+}
+
+fn send_str(chan: c_int, msg: &str) {
+    // SAFETY: sends bytes from a static string.
+    unsafe { send(chan, msg.as_ptr().cast(), msg.len(), MSG_NOSIGNAL) };
+}
+
+fn send_failed(chan: c_int, fail: &Fail) {
+    // SAFETY: strerror returns a NUL-terminated string that stays valid until the next call.
+    let text = unsafe { std::ffi::CStr::from_ptr(strerror(fail.1)) };
+    let text = text.to_str().unwrap_or("error");
+    let mut buf = Buf::new();
+    // Steps are this file's constants and strerror's texts carry no quotes or backslashes.
+    let _ = write!(
+        buf,
+        "{{\"t\":\"failed\",\"step\":\"{}\",\"message\":\"{}\"}}",
+        fail.0,
+        text.replace(['"', '\\'], "'")
+    );
+    send_buf(chan, &buf);
+}
+
+fn set_name(name: *const c_char) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string (the kernel keeps 15 bytes).
+    unsafe { prctl(PR_SET_NAME, name) };
+}
+
+/// Serve slot requests on `config.control_fd` until it closes (returns 1 in the fork
+/// server), or return 0 in a program, restricted and waiting for its hand-over on fd 0,
+/// with its control socket and done pipe in `out`. Call with SIGCHLD ignored (the runs'
+/// inits are reaped by the kernel).
+///
+/// # Safety
+/// `config` and `out` point to valid structures; the caller holds the GIL and the process
+/// has one thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gb_serve(config: *const Config, out: *mut Handed) -> c_int {
+    // SAFETY: the caller passes a valid config.
+    let config = unsafe { &*config };
+    loop {
+        let mut fds = [-1 as c_int; 8];
+        let n = receive(config.control_fd, &mut fds);
+        if n < 0 {
+            if errno() == EINTR {
+                continue;
+            }
+            return -1;
+        }
+        if n == 0 {
+            return 1;
+        }
+        let count = fds.iter().filter(|&&fd| fd >= 0).count();
+        if count != 5 {
+            close_all(&fds);
+            continue;
+        }
+        let flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID;
+        // SAFETY: a fork into new namespaces (no new stack, no shared memory); this process
+        // has one thread.
+        let pid = unsafe {
+            syscall(
+                SYS_CLONE,
+                (flags | SIGCHLD) as c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
+        if pid == 0 {
+            // SAFETY: `out` is valid; init returns only in the program.
+            unsafe { *out = init(config, [fds[0], fds[1], fds[2], fds[3], fds[4]]) };
+            return 0;
+        }
+        if pid < 0 {
+            send_failed(fds[0], &Fail("new namespaces", errno()));
+        }
+        close_all(&fds);
+    }
+}
+
+/// One slot request: a packet with its fds (up to 8 kept); the byte count, 0 at EOF.
+fn receive(control: c_int, fds: &mut [c_int; 8]) -> isize {
+    let mut byte = [0u8; 64];
+    let mut iov = IoVec {
+        base: byte.as_mut_ptr().cast(),
+        len: byte.len(),
+    };
+    // CMSG_SPACE(8 * 4): the header (16 bytes) and the fds.
+    let mut control_buf = [0u64; 8];
+    let mut msg = MsgHdr {
+        name: std::ptr::null_mut(),
+        namelen: 0,
+        iov: &mut iov,
+        iovlen: 1,
+        control: control_buf.as_mut_ptr().cast(),
+        controllen: std::mem::size_of_val(&control_buf),
+        flags: 0,
+    };
+    // SAFETY: every pointer in `msg` points to a buffer on this stack frame.
+    let n = unsafe { recvmsg(control, &mut msg, MSG_CMSG_CLOEXEC) };
+    if n <= 0 {
+        return n;
+    }
+    let hdr_len = std::mem::size_of::<CmsgHdr>();
+    if msg.controllen >= hdr_len {
+        // SAFETY: the kernel wrote one control message at the start of the buffer.
+        let hdr = unsafe { &*(control_buf.as_ptr() as *const CmsgHdr) };
+        if hdr.level == SOL_SOCKET && hdr.ty == SCM_RIGHTS && hdr.len >= hdr_len {
+            let count = ((hdr.len - hdr_len) / 4).min(8);
+            // SAFETY: `count` fds follow the header inside the buffer.
+            let data = unsafe { (control_buf.as_ptr() as *const u8).add(hdr_len) as *const c_int };
+            for (i, fd) in fds.iter_mut().enumerate().take(count) {
+                // SAFETY: within the `count` fds the kernel wrote.
+                *fd = unsafe { data.add(i).read_unaligned() };
+            }
+        }
+    }
+    n
+}
+
+fn close_all(fds: &[c_int]) {
+    for &fd in fds {
+        if fd >= 0 {
+            // SAFETY: an fd this process received and owns.
+            unsafe { close(fd) };
+        }
+    }
+}
+
+/// Pid 1 of a run. Returns only in the program.
+fn init(config: &Config, fds: [c_int; 5]) -> Handed {
+    let [chan, stdin, stdout, stderr, done] = fds;
+    set_name(c"gb-init".as_ptr());
+    // SAFETY: plain fd and signal calls on this process.
+    unsafe {
+        signal(SIGCHLD, SIG_DFL);
+        close(config.control_fd);
+    }
+    send_str(chan, "{\"t\":\"hello\"}");
+    let mut go = [0u8; 64];
+    // SAFETY: reads into a buffer on this stack frame.
+    if unsafe { recv(chan, go.as_mut_ptr().cast(), go.len(), 0) } <= 0 {
+        // SAFETY: ends this process.
+        unsafe { _exit(0) };
+    }
+    if let Err(fail) = build(config) {
+        send_failed(chan, &fail);
+        // SAFETY: ends this process.
+        unsafe { _exit(1) };
+    }
+    // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
+    let child = unsafe { fork() };
+    if child == 0 {
+        return program(config, chan, stdin, stdout, stderr, done);
+    }
+    if child < 0 {
+        send_failed(chan, &Fail("fork program", errno()));
+        // SAFETY: ends this process.
+        unsafe { _exit(1) };
+    }
+    close_all(&[stdin, stdout, stderr, done]);
+    send_str(chan, "{\"t\":\"ready\"}");
+    let mut buf = Buf::new();
+    let _ = write!(buf, "{{\"t\":\"exited\",");
+    let mut status: c_int = 0;
+    loop {
+        // SAFETY: waits for this process's children, writing the status on this frame.
+        let pid = unsafe { waitpid(-1, &mut status, 0) };
+        if pid == child {
+            let code = status & 0x7f;
+            if code == 0 {
+                let _ = write!(buf, "\"code\":{},\"signal\":null,", (status >> 8) & 0xff);
+            } else {
+                let _ = write!(buf, "\"code\":null,\"signal\":{code},");
+            }
+            break;
+        }
+        if pid < 0 && errno() == ECHILD {
+            let _ = write!(buf, "\"code\":null,\"signal\":null,");
+            break;
+        }
+    }
+    let mut usage: RUsage = RUsage {
+        utime: TimeVal { sec: 0, usec: 0 },
+        stime: TimeVal { sec: 0, usec: 0 },
+        maxrss: 0,
+        rest: [0; 13],
+    };
+    // SAFETY: getrusage writes the structure on this frame.
+    unsafe { getrusage(RUSAGE_CHILDREN, &mut usage) };
+    let cpu_us =
+        (usage.utime.sec + usage.stime.sec) * 1_000_000 + usage.utime.usec + usage.stime.usec;
+    let _ = write!(
+        buf,
+        "\"cpu_time_ms\":{},\"max_rss_kb\":{}}}",
+        cpu_us / 1000,
+        usage.maxrss
+    );
+    send_buf(chan, &buf);
+    // Whatever the program left behind dies with this pid namespace.
+    // SAFETY: signals every process of this pid namespace, then ends this one.
+    unsafe {
+        kill(-1, SIGKILL);
+        _exit(0)
+    }
+}
+
+/// The run's own namespaces' contents: once the server has put init in the run's cgroup,
+/// a cgroup namespace, scratch tmpfs for /work, /tmp and /dev/shm, the hostname, a /proc of
+/// this pid namespace, and loopback.
+fn build(config: &Config) -> Result<(), Fail> {
+    // SAFETY: every call below passes NUL-terminated strings from this frame or statics.
+    unsafe {
+        // After the move into the run's cgroup, so that the namespace's root is that cgroup.
+        check(unshare(CLONE_NEWCGROUP), "new cgroup namespace")?;
+        let inodes = (config.disk_mb * 64).clamp(1024, 1 << 20);
+        let mut data = Buf::new();
+        let _ = write!(
+            data,
+            "size={}m,nr_inodes={},mode=0755\0",
+            config.disk_mb, inodes
+        );
+        let stage = c"/.gearbox/stage".as_ptr();
+        check(
+            mount(
+                c"tmpfs".as_ptr(),
+                stage,
+                c"tmpfs".as_ptr(),
+                MS_NOSUID | MS_NODEV,
+                data.data.as_ptr().cast(),
+            ),
+            "mount scratch tmpfs",
+        )?;
+        let subs: [(&std::ffi::CStr, c_uint, &std::ffi::CStr, &'static str); 3] = [
+            (c"/.gearbox/stage/work", 0o755, c"/work", "bind /work"),
+            (c"/.gearbox/stage/tmp", 0o1777, c"/tmp", "bind /tmp"),
+            (c"/.gearbox/stage/shm", 0o1777, c"/dev/shm", "bind /dev/shm"),
+        ];
+        for (src, mode, target, step) in subs {
+            check(mkdir(src.as_ptr(), 0o700), "create scratch directory")?;
+            check(chmod(src.as_ptr(), mode), "create scratch directory")?;
+            check(
+                mount(
+                    src.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    MS_BIND,
+                    std::ptr::null(),
+                ),
+                step,
+            )?;
+        }
+        check(umount2(stage, MNT_DETACH), "detach scratch stage")?;
+        check(sethostname(c"gearbox".as_ptr(), 7), "set hostname")?;
+        let staged = c"/.gearbox/proc".as_ptr();
+        check(
+            mount(
+                c"proc".as_ptr(),
+                staged,
+                c"proc".as_ptr(),
+                MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                std::ptr::null(),
+            ),
+            "mount /proc",
+        )?;
+        for sub in PROC_READONLY {
+            let mut path = [0u8; 64];
+            let prefix = b"/.gearbox/proc/";
+            path[..prefix.len()].copy_from_slice(prefix);
+            path[prefix.len()..prefix.len() + sub.len()].copy_from_slice(sub);
+            let p = path.as_ptr().cast::<c_char>();
+            if access(p, 0) != 0 {
+                continue;
+            }
+            check(
+                mount(p, p, std::ptr::null(), MS_BIND | MS_REC, std::ptr::null()),
+                "bind /proc entry",
+            )?;
+            check(
+                mount(
+                    std::ptr::null(),
+                    p,
+                    std::ptr::null(),
+                    MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                    std::ptr::null(),
+                ),
+                "make /proc entry read-only",
+            )?;
+        }
+        // The fork server's /proc (which shows every run of this fork server) leaves the
+        // tree; the run's own takes its place.
+        check(
+            umount2(c"/proc".as_ptr(), MNT_DETACH),
+            "detach fork server /proc",
+        )?;
+        check(
+            mount(
+                staged,
+                c"/proc".as_ptr(),
+                std::ptr::null(),
+                MS_MOVE,
+                std::ptr::null(),
+            ),
+            "move /proc",
+        )?;
+        let s = check(socket(AF_INET, SOCK_DGRAM, 0), "bring up loopback")?;
+        let mut ifreq = [0u8; 40];
+        ifreq[..2].copy_from_slice(b"lo");
+        let r = ioctl(s, SIOCGIFFLAGS, ifreq.as_mut_ptr());
+        if r == 0 {
+            let flags = i16::from_ne_bytes([ifreq[16], ifreq[17]]) | IFF_UP;
+            ifreq[16..18].copy_from_slice(&flags.to_ne_bytes());
+        }
+        let r = if r == 0 {
+            ioctl(s, SIOCSIFFLAGS, ifreq.as_mut_ptr())
+        } else {
+            r
+        };
+        let e = errno();
+        close(s);
+        if r != 0 {
+            return Err(Fail("bring up loopback", e));
+        }
+    }
+    Ok(())
+}
+
+/// The program: restricted exactly as the cold path restricts a program before exec
+/// (`jail/program.rs`), then back to Python. A failed step is reported and ends it.
+fn program(
+    config: &Config,
+    chan: c_int,
+    stdin: c_int,
+    stdout: c_int,
+    stderr: c_int,
+    done: c_int,
+) -> Handed {
+    set_name(config.program_name);
+    match restrict(config, [stdin, stdout, stderr]) {
+        Ok(landlock) => {
+            let mut buf = Buf::new();
+            let _ = write!(
+                buf,
+                "{{\"t\":\"applied\",\"mechanisms\":[\"capabilities: none\",\"no_new_privs\",\"{landlock}\",\"seccomp: {} filters (deny list)\"]}}",
+                config.nfilters
+            );
+            send_buf(chan, &buf);
+            Handed { chan, done }
+        }
+        Err(fail) => {
+            send_failed(chan, &fail);
+            // SAFETY: ends this process.
+            unsafe { _exit(127) }
+        }
+    }
+}
+
+fn restrict(config: &Config, stdio: [c_int; 3]) -> Result<&'static str, Fail> {
+    // SAFETY: fd, rlimit, capability and prctl calls with structures on this frame; the
+    // seccomp filters are the fork server's, valid for its whole life.
+    unsafe {
+        for (target, fd) in stdio.into_iter().enumerate() {
+            check(dup2(fd, target as c_int), "set up stdio")?;
+            close(fd);
+        }
+        check(setsid(), "new session")?;
+        let limit = |cur: u64, max: u64| RLimit { cur, max };
+        check(setrlimit(RLIMIT_CORE, &limit(0, 0)), "set rlimits")?;
+        check(
+            setrlimit(RLIMIT_NOFILE, &limit(config.open_files, config.open_files)),
+            "set rlimits",
+        )?;
+        check(
+            setrlimit(RLIMIT_CPU, &limit(config.cpu_s, config.cpu_s + 1)),
+            "set rlimits",
+        )?;
+        check(chdir(c"/work".as_ptr()), "enter /work")?;
+        // The bounding set is already empty (the fork server's was emptied before its exec).
+        prctl(
+            PR_CAP_AMBIENT,
+            PR_CAP_AMBIENT_CLEAR_ALL,
+            0 as c_ulong,
+            0 as c_ulong,
+            0 as c_ulong,
+        );
+        let header: [u32; 2] = [0x2008_0522, 0];
+        let data = [0u32; 6];
+        check(
+            syscall(SYS_CAPSET, header.as_ptr(), data.as_ptr()) as c_int,
+            "drop capabilities",
+        )?;
+        check(
+            prctl(
+                PR_SET_NO_NEW_PRIVS,
+                1 as c_ulong,
+                0 as c_ulong,
+                0 as c_ulong,
+                0 as c_ulong,
+            ),
+            "set no_new_privs",
+        )?;
+        let landlock = landlock()?;
+        for i in 0..config.nfilters as usize {
+            let f = *config.filters.add(i);
+            check(
+                prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, f),
+                "install seccomp filter",
+            )?;
+        }
+        Ok(landlock)
+    }
+}
+
+/// The rules of `jail/landlock.rs`: everything readable and executable, the writable areas
+/// fully usable, the device nodes readable and writable, signals and abstract unix sockets
+/// scoped to the sandbox (ABI 6); best effort on older kernels.
+unsafe fn landlock() -> Result<&'static str, Fail> {
+    // SAFETY: Landlock system calls with structures on this frame and static paths.
+    unsafe {
+        let abi = syscall(
+            SYS_LANDLOCK_CREATE_RULESET,
+            std::ptr::null::<c_void>(),
+            0usize,
+            LL_CREATE_RULESET_VERSION,
+        );
+        if abi < 1 {
+            return Ok("landlock: not enforced (kernel lacks it)");
+        }
+        let abi = abi.min(LL_TARGET_ABI);
+        let mut handled = LL_ABI1;
+        if abi >= 2 {
+            handled |= LL_REFER;
+        }
+        if abi >= 3 {
+            handled |= LL_TRUNCATE;
+        }
+        if abi >= 5 {
+            handled |= LL_IOCTL_DEV;
+        }
+        let scoped = if abi >= 6 { LL_SCOPE_ALL } else { 0 };
+        let attr: [u64; 3] = [handled, 0, scoped];
+        let fd = check(
+            syscall(
+                SYS_LANDLOCK_CREATE_RULESET,
+                attr.as_ptr(),
+                24usize,
+                0 as c_uint,
+            ) as c_int,
+            "landlock: create ruleset",
+        )?;
+        let read = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR;
+        let device =
+            (LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | LL_TRUNCATE | LL_IOCTL_DEV) & handled;
+        let rules = std::iter::once((&b"/\0"[..], read))
+            .chain(WRITABLE.iter().map(|w| (*w, handled)))
+            .chain(DEVICES.iter().map(|d| (*d, device)));
+        let mut result = Ok(());
+        for (path, access) in rules {
+            let parent = open(path.as_ptr().cast(), O_PATH | O_CLOEXEC);
+            if parent < 0 {
+                continue;
+            }
+            let rule = PathBeneath {
+                allowed: access,
+                parent_fd: parent,
+            };
+            let r = syscall(
+                SYS_LANDLOCK_ADD_RULE,
+                fd,
+                LL_RULE_PATH_BENEATH,
+                &rule as *const PathBeneath,
+                0 as c_uint,
+            );
+            let e = errno();
+            close(parent);
+            if r < 0 {
+                result = Err(Fail("landlock: add rule", e));
+                break;
+            }
+        }
+        if result.is_ok() && syscall(SYS_LANDLOCK_RESTRICT_SELF, fd, 0 as c_uint) < 0 {
+            result = Err(Fail("landlock: restrict", errno()));
+        }
+        close(fd);
+        result?;
+        Ok(if abi >= LL_TARGET_ABI {
+            "landlock: fully enforced"
+        } else {
+            "landlock: partially enforced (older kernel ABI)"
+        })
+    }
+}
