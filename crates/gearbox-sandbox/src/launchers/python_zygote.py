@@ -25,20 +25,20 @@
 # the kernel attaches each sender's pid (SO_PASSCRED), which the server uses to put the slot
 # in its own cgroup and to kill the run. The zygote's bounding set is empty (its init
 # emptied it before exec), and so is that of every process it forks.
+#
+# What it imports, every fork inherits, and every page of it is copied into page tables at
+# each fork and unmapped at each exit: only what a run needs (no socket, signal, glob or
+# traceback, which bring enum and re; json brings re).
+import _signal
 import ctypes as _ctypes
 import gc as _gc
 import io as _io
-import glob as _glob
 import importlib.machinery as _machinery
 import json as _json
 import os as _os
 import resource as _resource
-import signal as _signal
-import socket as _socket
 import struct as _struct
 import sys as _sys
-import traceback as _traceback
-import types as _types
 
 _CONTROL_FD = 4
 # The program's end of the pipe on which it tells the server how it ended (see _finish).
@@ -58,8 +58,9 @@ class _Fail(Exception):
 
 
 def _send(chan, **msg):
+    """One message on the control socket (a SOCK_SEQPACKET fd: one write, one packet)."""
     try:
-        chan.send(_json.dumps(msg).encode()[:3800])
+        _os.write(chan, _json.dumps(msg).encode()[:3800])
     except OSError:
         pass
 
@@ -73,8 +74,9 @@ class _Config:
         self.file_size_bytes = int(c["file_size_mb"]) * 1024 * 1024
         self.cpu_s = int(c["cpu_s"])
         self.filters = []
-        for path in sorted(_glob.glob("/.gearbox/seccomp-*.bpf")):
-            with open(path, "rb") as f:
+        names = _os.listdir("/.gearbox")
+        for name in sorted(n for n in names if n.startswith("seccomp-") and n.endswith(".bpf")):
+            with open("/.gearbox/" + name, "rb") as f:
                 self.filters.append(_Filter(f.read()))
 
 
@@ -139,6 +141,8 @@ def _serve():
     )
     handed = _Handed(-1, -1)
     _warm_interpreter()
+    # A program's environment is its job's alone.
+    _os.environ.clear()
     # Everything imported so far stays untouched by the collector in every fork, so forks
     # share those pages instead of copying them.
     _gc.collect()
@@ -152,9 +156,7 @@ def _serve():
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
     global _done_fd
     _done_fd = handed.done
-    chan = _socket.socket(fileno=handed.chan)
-    chan.setblocking(True)
-    _program(chan, config)
+    _program(handed.chan, config)
 
 
 def _warm_interpreter():
@@ -201,26 +203,50 @@ def _program(chan, config):
         _send(chan, t="failed", step="prepare program", message=repr(e))
         return
     _send(chan, t="started")
-    chan.close()
+    _os.close(chan)
     _os.closerange(3, _done_fd)
     _os.closerange(_done_fd + 1, 1 << 20)
     _run(job)
 
 
 def _prewarm():
-    """Do once, before the program exists, what every run does: the pages a run writes are
-    copied from the fork server now, off the request's path."""
+    """Rehearse a run once with a dummy job, before the program exists: the pages a run
+    writes are copied from the fork server now, off the request's path."""
+    header = _json.dumps(
+        {
+            "argv": ["python3", "main.py"],
+            "files": [["main.py", 9]],
+            "program_argv": ["main.py"],
+            "env": {"PATH": "/usr/bin", "HOME": "/work"},
+            "limits": {"timeout_ms": 1, "open_files": 1, "file_size_mb": 1},
+        }
+    ).encode()
+    r, w = _os.pipe()
+    _os.write(w, _struct.pack("<I", len(header)) + header + b"print(1)\n")
+    _os.close(w)
+    stdin = _os.dup(0)
+    _os.dup2(r, 0)
+    _os.close(r)
+    try:
+        job, files = _read_handover()
+    finally:
+        _os.dup2(stdin, 0)
+        _os.close(stdin)
+    limits = job.get("limits") or {}
+    int(limits.get("file_size_mb", 1 << 40)) + int(limits.get("open_files", 1))
     out = _io.StringIO()
-    code = compile("import sys\nx = [i for i in range(10)]\nprint(x, sys.argv, file=out)\n", "/work/main.py", "exec")
-    main = _types.ModuleType("__main__")
+    code = compile(files[0], "/work/main.py", "exec")
+    main = type(_sys)("__main__")
     main.__builtins__ = __builtins__
-    exec(code, {"out": out, "__name__": "__main__"})
-    _json.loads(_json.dumps({"argv": ["main.py"], "env": {"A": "b"}, "files": [["main.py", 1]]}))
+    main.__file__ = "/work/main.py"
+    main.__loader__ = _machinery.SourceFileLoader("__main__", "/work/main.py")
+    exec(code, {"print": lambda *a: print(*a, file=out), "__name__": "__main__"})
+    _json.dumps({"t": "started"})
+    me = _resource.getrusage(_resource.RUSAGE_SELF)
+    _json.dumps({"code": 0, "cpu_time_ms": int(me.ru_utime * 1000), "max_rss_kb": me.ru_maxrss})
     for stream in (_sys.stdout, _sys.stderr):
         stream.flush()
     import atexit  # noqa: F401  (imported by _finish)
-    # The program's environment is the job's alone: the fork server's leaves now.
-    _os.environ.clear()
 
 
 def _read_exact(n):
@@ -276,7 +302,7 @@ def _run(job):
     path = _os.path.join("/work", argv[0])
     _sys.argv = [argv[0]] + argv[1:]
     _sys.path[0] = "/work"
-    main = _types.ModuleType("__main__")
+    main = type(_sys)("__main__")
     main.__builtins__ = __builtins__
     _sys.modules["__main__"] = main
     main.__file__ = path
@@ -296,7 +322,7 @@ def _run(job):
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != path:
             tb = tb.tb_next
-        _traceback.print_exception(type(e), e, tb)
+        _sys.excepthook(type(e), e, e.with_traceback(tb).__traceback__)
         code = 1
     _finish(code)
 
@@ -324,7 +350,7 @@ def _finish(code):
     except SystemExit as e:
         code = _exit_code(e.code)
     except BaseException:
-        _traceback.print_exc()
+        _sys.excepthook(*_sys.exc_info())
     for stream in (_sys.stdout, _sys.stderr):
         try:
             stream.flush()
