@@ -82,6 +82,8 @@ rmcp::elicit_safe!(ApprovalAnswer);
 
 /// The key of the approval question in an input-required result.
 const APPROVAL_INPUT: &str = "approval";
+/// Code up to this size (the program and its files) is analysed on the calling task.
+const INLINE_ANALYSIS_BYTES: usize = 4 * 1024;
 
 /// A call after the gear: run it (with what was granted), or answer without running.
 #[allow(clippy::large_enum_variant, reason = "one per call, moved once")]
@@ -750,13 +752,20 @@ impl GearboxServer {
             Some(g) => g,
             None => server_gear,
         };
-        let engine = self.inner.engine.clone();
-        let for_analysis = req.clone();
-        let analysis = tokio::task::spawn_blocking(move || {
-            gears::analyse(engine.language_table(), &for_analysis)
-        })
-        .await
-        .unwrap_or_else(|e| {
+        // Small programs (nearly every call) are parsed in place: a hand-off to the blocking
+        // pool costs more than their parse.
+        let size: usize = req.code.len() + req.files.iter().map(|f| f.content.len()).sum::<usize>();
+        let analysis = if size <= INLINE_ANALYSIS_BYTES {
+            Ok(gears::analyse(self.inner.engine.language_table(), &req))
+        } else {
+            let engine = self.inner.engine.clone();
+            let for_analysis = req.clone();
+            tokio::task::spawn_blocking(move || {
+                gears::analyse(engine.language_table(), &for_analysis)
+            })
+            .await
+        };
+        let analysis = analysis.unwrap_or_else(|e| {
             tracing::error!(error = %e, "analysis failed");
             gearbox_analysis::Analysis {
                 analysed: false,

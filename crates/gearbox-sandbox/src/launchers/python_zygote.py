@@ -242,6 +242,8 @@ def _prewarm():
     main.__loader__ = _machinery.SourceFileLoader("__main__", "/work/main.py")
     exec(code, {"print": lambda *a: print(*a, file=out), "__name__": "__main__"})
     _json.dumps({"t": "started"})
+    _os.environ.update(job["env"])
+    _os.environ.clear()
     me = _resource.getrusage(_resource.RUSAGE_SELF)
     _json.dumps({"code": 0, "cpu_time_ms": int(me.ru_utime * 1000), "max_rss_kb": me.ru_maxrss})
     for stream in (_sys.stdout, _sys.stderr):
