@@ -32,7 +32,7 @@ pub fn main(
         exit(1);
     }
     let t0 = std::time::Instant::now();
-    if let Err(e) = setup(spec, files, filters) {
+    if let Err(e) = setup(spec, files) {
         fail(&st_w, e);
     }
     // Wait for the cgroup: the program must start inside it.
@@ -373,7 +373,7 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
 }
 
 /// Become the sandbox user (keeping capabilities inside the namespace), then build the root.
-fn setup(spec: &JailSpec, files: Vec<Vec<u8>>, filters: &[BpfProgram]) -> Result<(), StepError> {
+fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
     use super::Step;
     let id = SANDBOX_ID;
     nix::unistd::setresgid(Gid::from_raw(id), Gid::from_raw(id), Gid::from_raw(id))
@@ -383,7 +383,7 @@ fn setup(spec: &JailSpec, files: Vec<Vec<u8>>, filters: &[BpfProgram]) -> Result
     // Changing credentials clears the parent-death signal: set it again, so that a helper
     // killed from now on still takes init (and with it the whole pid namespace) along.
     super::die_with_parent(0).step("tie init to helper")?;
-    mount::build_root(spec, &files, filters)?;
+    mount::build_root(spec, &files)?;
     nix::unistd::sethostname("gearbox").step("set hostname")?;
     if !spec.network {
         loopback_up().step("bring up loopback")?;

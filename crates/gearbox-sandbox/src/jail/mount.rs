@@ -38,11 +38,7 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 /// /proc entries re-bound read-only (and kernel knobs the program must never write).
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
-pub fn build_root(
-    spec: &JailSpec,
-    files: &[Vec<u8>],
-    filters: &[seccompiler::BpfProgram],
-) -> Result<(), StepError> {
+pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
         .step("make mounts private")?;
@@ -75,7 +71,7 @@ pub fn build_root(
     }) = &spec.pooled
     {
         if *zygote {
-            write_zygote_files(root, spec, filters)?;
+            write_zygote_files(root, spec)?;
         }
         let script = super::launcher_script(name).ok_or_else(|| StepError {
             step: "write launcher".into(),
@@ -111,28 +107,28 @@ pub fn build_root(
 const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
 
 /// What a fork server needs beside its script (see `launchers/python_zygote.py`): its
-/// native loop, empty mount points for each run's scratch and /proc, the compiled seccomp
-/// filters (the same BPF the cold path installs), and the limits its programs apply to
-/// themselves.
-fn write_zygote_files(
-    root: &Path,
-    spec: &JailSpec,
-    filters: &[seccompiler::BpfProgram],
-) -> Result<(), StepError> {
+/// native loop, empty mount points for each run's scratch and /proc, the seccomp policy in
+/// two parts (`seccomp-server-N.bpf`, which the fork server installs in itself, and
+/// `seccomp-N.bpf`, which each program adds: together the cold path's filters, see
+/// `seccomp::compile_split`), and the limits its programs apply to themselves.
+fn write_zygote_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
     let dir = root.join(".gearbox");
     for sub in ["stage", "proc"] {
         fs::create_dir_all(dir.join(sub)).step("create fork server mount points")?;
     }
     fs::write(dir.join("fork.so"), FORK_SO).step("write fork server loop")?;
-    for (i, filter) in filters.iter().enumerate() {
-        let mut bytes = Vec::with_capacity(filter.len() * 8);
-        for insn in filter {
-            bytes.extend_from_slice(&insn.code.to_ne_bytes());
-            bytes.push(insn.jt);
-            bytes.push(insn.jf);
-            bytes.extend_from_slice(&insn.k.to_ne_bytes());
+    let (server, program) = super::seccomp::compile_split().step("compile seccomp policy")?;
+    for (prefix, filters) in [("seccomp-server-", server), ("seccomp-", program)] {
+        for (i, filter) in filters.iter().enumerate() {
+            let mut bytes = Vec::with_capacity(filter.len() * 8);
+            for insn in filter {
+                bytes.extend_from_slice(&insn.code.to_ne_bytes());
+                bytes.push(insn.jt);
+                bytes.push(insn.jf);
+                bytes.extend_from_slice(&insn.k.to_ne_bytes());
+            }
+            fs::write(dir.join(format!("{prefix}{i}.bpf")), bytes).step("write seccomp filters")?;
         }
-        fs::write(dir.join(format!("seccomp-{i}.bpf")), bytes).step("write seccomp filters")?;
     }
     let l = &spec.limits;
     let config = serde_json::json!({

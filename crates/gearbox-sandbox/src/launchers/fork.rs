@@ -203,6 +203,9 @@ pub struct Config {
     filters: *const *const SockFprog,
     /// The interpreter's own process name, NUL-terminated, which each program takes back.
     program_name: *const c_char,
+    /// How many seccomp filters the fork server installed in itself (every program inherits
+    /// them; `filters` are the rest of the policy).
+    inherited: u32,
 }
 
 /// What a program gets back: its control socket and its done pipe (stdio is on 0, 1, 2).
@@ -603,8 +606,9 @@ fn program(
             let mut buf = Buf::new();
             let _ = write!(
                 buf,
-                "{{\"t\":\"applied\",\"mechanisms\":[\"capabilities: none\",\"no_new_privs\",\"{landlock}\",\"seccomp: {} filters (deny list)\"]}}",
-                config.nfilters
+                "{{\"t\":\"applied\",\"mechanisms\":[\"capabilities: none\",\"no_new_privs\",\"{landlock}\",\"seccomp: {} filters (deny list; {} set in the fork server)\"]}}",
+                config.nfilters + config.inherited,
+                config.inherited
             );
             send_buf(chan, &buf);
             Handed { chan, done }

@@ -44,6 +44,8 @@ _CONTROL_FD = 4
 # The program's end of the pipe on which it tells the server how it ended (see _finish).
 _done_fd = -1
 _PR_SET_NAME = 15
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
 _MAX_HEADER = 16 * 1024 * 1024
 
 _libc = _ctypes.CDLL(None, use_errno=True)
@@ -73,11 +75,14 @@ class _Config:
         self.open_files = int(c["open_files"])
         self.file_size_bytes = int(c["file_size_mb"]) * 1024 * 1024
         self.cpu_s = int(c["cpu_s"])
-        self.filters = []
-        names = _os.listdir("/.gearbox")
-        for name in sorted(n for n in names if n.startswith("seccomp-") and n.endswith(".bpf")):
-            with open("/.gearbox/" + name, "rb") as f:
-                self.filters.append(_Filter(f.read()))
+        # The seccomp policy in two parts (jail/seccomp.rs, compile_split): what the fork
+        # server installs in itself (every program inherits it), and what each program adds.
+        self.server_filters, self.filters = [], []
+        for name in sorted(_os.listdir("/.gearbox")):
+            if name.startswith("seccomp-") and name.endswith(".bpf"):
+                with open("/.gearbox/" + name, "rb") as f:
+                    part = self.server_filters if name.startswith("seccomp-server-") else self.filters
+                    part.append(_Filter(f.read()))
 
 
 def _name(name):
@@ -103,6 +108,7 @@ class _NativeConfig(_ctypes.Structure):
         ("nfilters", _ctypes.c_uint32),
         ("filters", _ctypes.POINTER(_ctypes.c_void_p)),
         ("program_name", _ctypes.c_char_p),
+        ("inherited", _ctypes.c_uint32),
     ]
 
 
@@ -138,6 +144,7 @@ def _serve():
         len(config.filters),
         _ctypes.cast(filters, _ctypes.POINTER(_ctypes.c_void_p)),
         _PROGRAM_NAME,
+        len(config.server_filters),
     )
     handed = _Handed(-1, -1)
     _warm_interpreter()
@@ -149,6 +156,9 @@ def _serve():
     _gc.freeze()
     # The runs' inits are children of the fork server until they end: the kernel reaps them.
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+    for f in config.server_filters:
+        if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, _ctypes.addressof(f.prog), 0, 0):
+            raise OSError(_ctypes.get_errno(), "install the fork server's seccomp filters")
     if native.gb_serve(_ctypes.addressof(native_config), _ctypes.addressof(handed)) != 0:
         return
     # A program, restricted by the native loop, its stdio on 0, 1 and 2.
