@@ -2,7 +2,7 @@
 """Warm pool benchmark: a fresh sandbox per run, built before the request arrived.
 
     cargo build --release
-    /usr/bin/python3 bench/warm_pool.py [--gearbox target/release/gearbox] [-n 200] [--seconds 5]
+    /usr/bin/python3 bench/warm_pool.py [--gearbox target/release/gearbox] [-n 200] [--seconds 5] [--languages python,javascript,bash]
 
 For Python `print(1)`, Node `console.log(1)` and Bash `echo 1`, in one run:
   1. bare interpreter subprocess (`python3 -c`): the floor for any fresh-process design;
@@ -143,6 +143,8 @@ def main():
     ap.add_argument("--gearbox", default=str(ROOT / "target" / "release" / "gearbox"))
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--languages", default=",".join(CASES),
+                    help="comma-separated subset of: " + ", ".join(CASES))
     ap.add_argument("--gap-ms", type=float, default=0,
                     help="idle time between sequential calls (an agent's think time); the pool refills in it")
     a = ap.parse_args()
@@ -156,7 +158,12 @@ def main():
     cold, warm = Rpc(a.gearbox, str(cold_cfg)), Rpc(a.gearbox, str(warm_cfg))
     time.sleep(2)  # let the pool fill
     rows, tput = [], []
-    for lang, (bare, code, fname) in CASES.items():
+    chosen = [lang.strip() for lang in a.languages.split(",") if lang.strip()]
+    unknown = [lang for lang in chosen if lang not in CASES]
+    if unknown:
+        ap.error(f"unknown language(s): {', '.join(unknown)}")
+    for lang in chosen:
+        bare, code, fname = CASES[lang]
         src = Path(tmp) / fname
         src.write_text(code + "\n")
         run_bare = lambda: subprocess.run(bare, stdout=subprocess.DEVNULL, env=CLEAN_ENV, check=True)

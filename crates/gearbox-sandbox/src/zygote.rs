@@ -368,10 +368,12 @@ impl RunGuard {
 impl Drop for RunGuard {
     fn drop(&mut self) {
         self.kill();
-        if let Some(cgroup) = self.cgroup.take() {
+        if let Some(mut cgroup) = self.cgroup.take() {
             // Removing a memory cgroup can take milliseconds: never on the answer's path.
             let cleanup = move || {
-                cgroup.kill_all();
+                if !cgroup.try_remove() {
+                    cgroup.kill_all();
+                }
                 drop(cgroup);
             };
             match tokio::runtime::Handle::try_current() {

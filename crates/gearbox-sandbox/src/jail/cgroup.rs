@@ -289,6 +289,14 @@ impl Cgroup {
         }
     }
 
+    /// Remove the cgroup if it is empty already (a finished run's usually is): whether it is
+    /// gone. What could not be removed stays for [`Cgroup::kill_all`] and the drop.
+    pub fn try_remove(&mut self) -> bool {
+        self.dirs
+            .retain(|dir| fs::remove_dir(dir).is_err() && dir.exists());
+        self.dirs.is_empty()
+    }
+
     /// Kill anything still in the cgroup (normally nothing: the pid namespace is gone).
     pub fn kill_all(&self) {
         for dir in &self.dirs {
