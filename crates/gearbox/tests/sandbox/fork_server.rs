@@ -173,6 +173,11 @@ calls = {'ptrace': (101, 0, 0, 0, 0), 'bpf': (321, 0, 0, 0), 'keyctl': (250, 0, 
 for name, args in calls.items():
     r = libc.syscall(*[ctypes.c_long(a) for a in args])
     print(name, 'ALLOWED' if r >= 0 else 'refused')
+# Answers only the seccomp policy gives (without it: EFAULT, a new keyring, EFAULT).
+for name, args in {'io_uring_setup': (425, 1, 0), 'keyctl': (250, 0, -1, 1), 'clone3': (435, 0, 0)}.items():
+    ctypes.set_errno(0)
+    r = libc.syscall(*[ctypes.c_long(a) for a in args])
+    print(name, 'errno', ctypes.get_errno() if r < 0 else 'none')
 pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
 print('pids', pids, os.getpid(), os.getppid())
 for p in pids:
@@ -200,6 +205,15 @@ print('nice', os.getpriority(os.PRIO_PROCESS, 0))
     assert!(o.stdout.contains("NoNewPrivs:\t1"), "{}", o.stdout);
     assert!(o.stdout.contains("Seccomp:\t2"), "{}", o.stdout);
     assert!(o.stdout.contains("unshare -1 mount -1"), "{}", o.stdout);
+    // The deny list's two parts (the fork server's, inherited, and the program's own): EPERM
+    // and ENOSYS from the filters, not what the kernel would answer without them.
+    for line in [
+        "io_uring_setup errno 1",
+        "keyctl errno 1",
+        "clone3 errno 38",
+    ] {
+        assert!(o.stdout.contains(line), "{line}: {}", o.stdout);
+    }
     for bad in ["ALLOWED", "MEM", "LEAK"] {
         assert!(!o.stdout.contains(bad), "{bad}: {}", o.stdout);
     }
