@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""A/B of warm Python runs: latency and machine CPU per run of one or more gearbox builds,
+interleaved (A, B, A, B, ...) so that a noisy machine disturbs both alike.
+
+    /usr/bin/python3 bench/warm_ab.py --gearbox old/gearbox --gearbox new/gearbox [-n 300] [--rounds 3]
+
+Each round starts `gearbox serve` with a Python pool of 2, lets it fill, makes n sequential
+`execute_code` calls of `print(1)`, and reports the median latency and the machine's busy CPU
+per call (from /proc/stat: every process, the client, the pool's refills and the kernel's
+workers included). Standard library only; as root, so the fork server is used.
+"""
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from warm_pool import Rpc, busy_ms  # noqa: E402
+
+
+def measure(gearbox, n):
+    cfg = Path(tempfile.mkdtemp(prefix="gearbox-ab-")) / "warm.toml"
+    cfg.write_text("[pool]\npython = 2\n")
+    rpc = Rpc(gearbox, str(cfg))
+    try:
+        time.sleep(2)  # let the pool fill
+        for _ in range(20):
+            rpc.run("python", "print(1)")
+        time.sleep(0.5)
+        lat = []
+        cpu0 = busy_ms()
+        for _ in range(n):
+            t = time.perf_counter()
+            rpc.run("python", "print(1)")
+            lat.append((time.perf_counter() - t) * 1000)
+        return statistics.median(lat), (busy_ms() - cpu0) / n
+    finally:
+        rpc.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gearbox", action="append", required=True, help="a build to measure (repeat)")
+    ap.add_argument("-n", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    results = {g: [] for g in a.gearbox}
+    for _ in range(a.rounds):
+        for g in a.gearbox:
+            results[g].append(measure(g, a.n))
+    print(f"{'build':<50} {'median ms':>10} {'CPU/run ms':>11}  (per round)")
+    for g, rs in results.items():
+        med = statistics.median(r[0] for r in rs)
+        cpu = statistics.median(r[1] for r in rs)
+        rounds = " ".join(f"{r[0]:.2f}/{r[1]:.2f}" for r in rs)
+        print(f"{g[-50:]:<50} {med:10.2f} {cpu:11.2f}  {rounds}")
+
+
+if __name__ == "__main__":
+    main()
