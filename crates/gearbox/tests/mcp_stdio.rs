@@ -484,7 +484,10 @@ async fn progress_is_reported_and_cancellation_kills_the_run() {
     let marker = format!("gearbox-cancel-{}", std::process::id());
     let params = CallToolRequestParams::new("execute_code").with_arguments(obj(json!({
         "language": "python",
-        "code": "import time\nprint('started', flush=True)\ntime.sleep(60)",
+        // The marker in a child's command line: a warm Python program is a fork of the fork
+        // server, whose command line it keeps (its `sys.argv` is the run's).
+        "code": "import subprocess, sys\nprint('started', flush=True)\n\
+                 subprocess.run(['/bin/sh', '-c', 'sleep 60', sys.argv[1]])",
         "args": [marker],
     })));
     let handle = s
@@ -503,10 +506,13 @@ async fn progress_is_reported_and_cancellation_kills_the_run() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        !processes_with(&marker).is_empty(),
-        "the program should be running"
-    );
+    while processes_with(&marker).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the program should be running"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let p = s.client.progress.lock().expect("lock")[0].clone();
     assert!(p.message.unwrap_or_default().contains("python"));
     handle.cancel(Some("test".into())).await.expect("cancel");
