@@ -19,8 +19,10 @@
 # control socket, stdin, stdout, stderr and the done pipe (on which the program says how it
 # ended, see _finish). Each program builds its Landlock ruleset itself, with the rules of
 # jail/landlock.rs (Landlock rules name inodes, and each run's /work, /tmp and /dev/shm are
-# new). The seccomp filters are the same compiled BPF the cold path installs
-# (/.gearbox/seccomp-N.bpf), and /.gearbox/zygote.json holds the limits. The run's init
+# new). The seccomp deny list is the cold path's compiled BPF in two parts (jail/seccomp.rs,
+# compile_split): /.gearbox/seccomp-server-N.bpf, which the fork server installs in itself
+# (every program inherits it), and /.gearbox/seccomp-N.bpf, which each program adds.
+# /.gearbox/zygote.json holds the limits. The run's init
 # and its program speak to the server on the control socket (one JSON message per packet);
 # the kernel attaches each sender's pid (SO_PASSCRED), which the server uses to put the slot
 # in its own cgroup and to kill the run. The zygote's bounding set is empty (its init
