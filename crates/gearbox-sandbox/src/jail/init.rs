@@ -209,7 +209,13 @@ fn start_pooled(
     let env = super::program_env(&handover.env, "/work", "/tmp");
     match launcher {
         Some((child, job_w)) => {
-            let job = serde_json::json!({ "argv": handover.program_argv, "env": env.iter().cloned().collect::<std::collections::BTreeMap<_, _>>() });
+            // `command`: what the interpreter would have been started with (Python's
+            // `sys.orig_argv`); the launcher's own command line is what the process keeps.
+            let job = serde_json::json!({
+                "argv": handover.program_argv,
+                "command": handover.argv,
+                "env": env.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            });
             Msg::Started {
                 init_us: handed.elapsed().as_micros() as u64,
             }

@@ -18,6 +18,7 @@ def _gearbox_run():
     _os.chdir("/work")
     path = _os.path.join("/work", job["argv"][0])
     _sys.argv = [job["argv"][0]] + job["argv"][1:]
+    _sys.orig_argv = list(job.get("command") or _sys.orig_argv)
     _sys.path[0] = "/work"
     # A fresh __main__ (the launcher's own globals stay with this function).
     main = _types.ModuleType("__main__")

@@ -315,6 +315,9 @@ def _run(job):
     argv = job["program_argv"]
     path = _os.path.join("/work", argv[0])
     _sys.argv = [argv[0]] + argv[1:]
+    # What the interpreter was started with, had the run started one (`/proc/self/cmdline`
+    # stays the fork server's: rewriting it needs a capability the sandbox does not have).
+    _sys.orig_argv = list(job["argv"])
     _sys.path[0] = "/work"
     main = type(_sys)("__main__")
     main.__builtins__ = __builtins__

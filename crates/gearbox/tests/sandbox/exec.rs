@@ -347,13 +347,13 @@ async fn warm_pool_serves_identical_runs_once_each() {
         }
     };
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    let code = "import sys, os\nprint(sys.argv, os.getcwd(), __name__, sys.stdin.read())\nopen('state', 'a').write('x')\nprint(len(open('state').read()))";
+    let code = "import sys, os\nprint(sys.argv, sys.orig_argv[1:], os.getcwd(), __name__, sys.stdin.read())\nopen('state', 'a').write('x')\nprint(len(open('state').read()))";
     for _ in 0..3 {
         let o = go(run("python", code).args(&["a", "b"]).stdin("in")).await;
         assert_eq!(o.status, Status::Ok, "{o:?}");
         // A fresh workspace every time: no state survives between runs.
         assert_eq!(
-            o.stdout, "['main.py', 'a', 'b'] /work __main__ in\n1\n",
+            o.stdout, "['main.py', 'a', 'b'] ['-s', 'main.py', 'a', 'b'] /work __main__ in\n1\n",
             "{o:?}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;

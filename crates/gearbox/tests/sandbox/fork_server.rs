@@ -76,14 +76,14 @@ async fn forked_sandboxes_hold_like_cold_ones() {
     for _ in 0..2 {
         let o = forked(
             &engine,
-            run("python", "import sys, os\nprint(sys.argv, os.getcwd(), sys.stdin.read(), open('data/x.txt').read(), sorted(os.listdir('.')))\nopen('state', 'a').write('x')")
+            run("python", "import sys, os\nprint(sys.argv, sys.orig_argv[1:], os.getcwd(), sys.stdin.read(), open('data/x.txt').read(), sorted(os.listdir('.')))\nopen('state', 'a').write('x')")
                 .args(&["a"])
                 .stdin("in")
                 .file("data/x.txt", "file"),
         )
         .await;
         assert_eq!(
-            o.stdout, "['main.py', 'a'] /work in file ['data', 'main.py']\n",
+            o.stdout, "['main.py', 'a'] ['-s', 'main.py', 'a'] /work in file ['data', 'main.py']\n",
             "{o:?}"
         );
     }
