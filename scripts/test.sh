@@ -19,6 +19,8 @@ bash scripts/build-guest.sh --check
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+# The fork server's native loop is compiled by build.rs, outside the crate's module tree.
+rustfmt --check --edition 2024 crates/gearbox-sandbox/src/launchers/fork.rs
 
 if [ -n "${GEARBOX_LINT:-}" ]; then
     echo "== cargo clippy"
