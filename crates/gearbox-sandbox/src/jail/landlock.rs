@@ -59,3 +59,38 @@ pub fn restrict(writable: &[&str]) -> Result<String, String> {
         RulesetStatus::NotEnforced => "landlock: not enforced (kernel lacks it)".into(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    /// The fork server's programs build their ruleset in native code (`launchers/fork.rs`,
+    /// built outside this crate): the same device nodes and writable areas as here.
+    #[test]
+    fn the_fork_servers_programs_use_the_same_rules() {
+        let native = include_str!("../launchers/fork.rs");
+        let block = |name: &str| -> String {
+            let start = native
+                .find(&format!("const {name}"))
+                .unwrap_or_else(|| panic!("fork.rs lists {name}"));
+            let body = start + native[start..].find("= [").expect("start of list");
+            let end = body + native[body..].find("];").expect("end of list");
+            native[start..end].to_string()
+        };
+        let devices = block("DEVICES");
+        assert_eq!(
+            devices.matches("b\"").count(),
+            super::DEVICES.len(),
+            "{devices}"
+        );
+        for d in super::DEVICES {
+            assert!(devices.contains(&format!("b\"{d}\\0\"")), "{d}: {devices}");
+        }
+        // The writable areas the cold path passes to `restrict` (jail/program.rs).
+        let writable = block("WRITABLE");
+        for w in ["/work", "/tmp", "/dev/shm"] {
+            assert!(
+                writable.contains(&format!("b\"{w}\\0\"")),
+                "{w}: {writable}"
+            );
+        }
+    }
+}

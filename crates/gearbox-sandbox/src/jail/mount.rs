@@ -386,3 +386,25 @@ pub fn write_files(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    /// The fork server's native init (`launchers/fork.rs`, built outside this crate) makes
+    /// the same /proc entries read-only as the cold path.
+    #[test]
+    fn the_fork_servers_init_protects_the_same_proc_entries() {
+        let native = include_str!("../launchers/fork.rs");
+        let line = native
+            .lines()
+            .find(|l| l.starts_with("const PROC_READONLY"))
+            .expect("fork.rs lists PROC_READONLY");
+        let listed = line.matches("b\"").count();
+        assert_eq!(listed, super::PROC_READONLY.len(), "{line}");
+        for entry in super::PROC_READONLY {
+            assert!(
+                line.contains(&format!("b\"{entry}\\0\"")),
+                "{entry}: {line}"
+            );
+        }
+    }
+}
