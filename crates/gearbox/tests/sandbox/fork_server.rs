@@ -369,6 +369,43 @@ for pid in range(3, 400):
     let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");
 
+    // A finished run's cgroup is removed (found from the host through a process of the run).
+    ready(&engine, 1).await;
+    let marker = "sleep 1.4142";
+    let req = run(
+        "python",
+        &format!("import subprocess\nsubprocess.run(['{marker}'], shell=True)"),
+    )
+    .req;
+    let e = Arc::clone(&engine);
+    let task = crate::support::runtime().spawn(async move { e.execute(req, None).await });
+    let t = std::time::Instant::now();
+    let dirs = loop {
+        let found = crate::support::host_processes_with(marker);
+        if let Some(pid) = found.first().and_then(|p| p.split(':').next()) {
+            break run_cgroup_dirs(pid);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the run never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        !dirs.is_empty() && dirs.iter().all(|d| d.exists()),
+        "{dirs:?}"
+    );
+    let o = task.await.expect("run task");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    let t = std::time::Instant::now();
+    while dirs.iter().any(|d| d.exists()) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "left behind: {dirs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // A cancelled call (the future dropped mid-run) takes its sandbox with it.
     ready(&engine, 1).await;
     let marker = "sleep 41.2719";
@@ -386,4 +423,36 @@ for pid in range(3, 400):
     task.abort();
     let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");
+}
+
+/// The host directories of the run cgroup that process `pid` is in.
+fn run_cgroup_dirs(pid: &str) -> Vec<std::path::PathBuf> {
+    let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let mut dirs = Vec::new();
+    for line in lines.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (
+            parts.next(),
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+        );
+        if !path.contains("/run-") {
+            continue;
+        }
+        let rel = path.trim_start_matches('/');
+        match gearbox_sandbox::CgroupSupport::detect() {
+            gearbox_sandbox::CgroupSupport::V1 { memory, pids, .. } => {
+                for (name, root) in [("memory", memory), ("pids", pids)] {
+                    if let Some(root) = root
+                        && controllers.split(',').any(|c| c == name)
+                    {
+                        dirs.push(root.join(rel));
+                    }
+                }
+            }
+            gearbox_sandbox::CgroupSupport::V2 { root } => dirs.push(root.join(rel)),
+            gearbox_sandbox::CgroupSupport::None { .. } => {}
+        }
+    }
+    dirs
 }
