@@ -9,8 +9,10 @@
 //! run's pid 1 straight into fresh mount, network, IPC, UTS and pid namespaces; once in its
 //! own cgroup it takes a cgroup namespace, scratch tmpfs and /proc, and forks the program,
 //! which restricts itself exactly as the cold path's program does (setsid, rlimits, every
-//! capability dropped, no_new_privs, Landlock, the same compiled
-//! seccomp filters) and then blocks reading its program from stdin. Nothing is shared
+//! capability dropped, no_new_privs, Landlock, the cold path's seccomp deny list: part
+//! inherited from the fork server, the rest its own, see `jail/seccomp.rs`) and then blocks
+//! reading its program from stdin. The loop, init and the restriction are native
+//! (`launchers/fork.rs`); only the program runs Python. Nothing is shared
 //! between runs but the read-only root and the zygote's pristine memory (copy-on-write).
 //!
 //! The slot speaks one JSON message per packet; the kernel attaches each sender's pid

@@ -173,7 +173,8 @@ def _serve():
 
 def _warm_interpreter():
     """State the interpreter creates on first use, created once here instead of in every
-    fork: the compiler's (the first compile() costs about a millisecond)."""
+    fork: the compiler's (the first compile() costs about a millisecond), json's and
+    struct's."""
     exec(compile("x = [i for i in range(3)]\n", "<warm>", "exec"), {})
     _json.loads(_json.dumps({"t": "warm", "n": [1, 2]}))
     _struct.pack("<I", 0)
