@@ -62,6 +62,9 @@ pub fn restrict(writable: &[&str]) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use landlock::BitFlags;
+
     /// The fork server's programs build their ruleset in native code (`launchers/fork.rs`,
     /// built outside this crate): the same device nodes and writable areas as here.
     #[test]
@@ -84,6 +87,54 @@ mod tests {
         for d in super::DEVICES {
             assert!(devices.contains(&format!("b\"{d}\\0\"")), "{d}: {devices}");
         }
+        // The access rights: the same bits, and the same sets as this module asks for.
+        let value = |name: &str| -> u64 {
+            let line = native
+                .lines()
+                .find(|l| l.starts_with(&format!("const {name}: u64 = ")))
+                .unwrap_or_else(|| panic!("fork.rs defines {name}"));
+            let v = line.rsplit("= ").next().unwrap_or("").trim_end_matches(';');
+            match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => v.parse(),
+            }
+            .unwrap_or_else(|e| panic!("{line}: {e}"))
+        };
+        let abi = ABI::V6;
+        let bits = |set: BitFlags<AccessFs>| set.bits();
+        assert_eq!(value("LL_ABI1"), bits(AccessFs::from_all(ABI::V1)));
+        for (name, right) in [
+            ("LL_EXECUTE", AccessFs::Execute),
+            ("LL_WRITE_FILE", AccessFs::WriteFile),
+            ("LL_READ_FILE", AccessFs::ReadFile),
+            ("LL_READ_DIR", AccessFs::ReadDir),
+            ("LL_REFER", AccessFs::Refer),
+            ("LL_TRUNCATE", AccessFs::Truncate),
+            ("LL_IOCTL_DEV", AccessFs::IoctlDev),
+        ] {
+            assert_eq!(value(name), right as u64, "{name}");
+        }
+        assert_eq!(
+            value("LL_ABI1") | value("LL_REFER") | value("LL_TRUNCATE") | value("LL_IOCTL_DEV"),
+            bits(AccessFs::from_all(abi))
+        );
+        assert!(native.contains("let read = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR;"));
+        assert_eq!(
+            value("LL_EXECUTE") | value("LL_READ_FILE") | value("LL_READ_DIR"),
+            bits(AccessFs::from_read(abi))
+        );
+        assert!(native.contains(
+            "(LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | LL_TRUNCATE | LL_IOCTL_DEV) & handled"
+        ));
+        assert_eq!(
+            value("LL_EXECUTE")
+                | value("LL_WRITE_FILE")
+                | value("LL_READ_FILE")
+                | value("LL_TRUNCATE")
+                | value("LL_IOCTL_DEV"),
+            bits(AccessFs::from_file(abi))
+        );
+        assert_eq!(value("LL_SCOPE_ALL"), Scope::from_all(abi).bits());
         // The writable areas the cold path passes to `restrict` (jail/program.rs).
         let writable = block("WRITABLE");
         for w in ["/work", "/tmp", "/dev/shm"] {
