@@ -55,7 +55,17 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 pub(crate) fn zygote_launcher(launcher: &str) -> Option<&'static str> {
     match launcher {
         "python" => Some("python-zygote"),
+        "node" => Some("node-zygote"),
         _ => None,
+    }
+}
+
+/// Interpreter options a fork server starts with, after the interpreter's path. Node's V8
+/// must post no work to its platform's worker threads: they do not exist in a fork.
+fn zygote_options(launcher: &str) -> &'static [&'static str] {
+    match launcher {
+        "node-zygote" => &["--single-threaded"],
+        _ => &[],
     }
 }
 
@@ -126,6 +136,12 @@ impl Zygote {
             .as_ref()
             .map(|(_, argv)| argv.clone())
             .ok_or_else(|| SandboxError::Protocol("no launcher".into()))?;
+        let mut argv = argv;
+        let at = 1.min(argv.len());
+        argv.splice(
+            at..at,
+            zygote_options(launcher).iter().map(|o| o.to_string()),
+        );
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,

@@ -756,3 +756,682 @@ unsafe fn landlock() -> Result<&'static str, Fail> {
         })
     }
 }
+
+// The Node-API entry: `node_zygote.js` loads this file with `process.dlopen` and calls the
+// functions below. Node-API's functions are looked up in the running process (dlsym), so the
+// same file also loads in Python, where they do not exist.
+
+type NapiEnv = *mut c_void;
+type NapiValue = *mut c_void;
+type NapiInfo = *mut c_void;
+type NapiCallback = unsafe extern "C" fn(NapiEnv, NapiInfo) -> NapiValue;
+
+unsafe extern "C" {
+    fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+    fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+    fn getpid() -> c_int;
+    fn getppid() -> c_int;
+    fn setpriority(which: c_int, who: c_uint, prio: c_int) -> c_int;
+    fn eventfd(initval: c_uint, flags: c_int) -> c_int;
+    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+    fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
+    fn write(fd: c_int, buf: *const c_void, len: usize) -> isize;
+}
+
+const F_GETFD: c_int = 1;
+const F_SETFD: c_int = 2;
+const FD_CLOEXEC: c_int = 1;
+const RLIMIT_FSIZE: c_int = 1;
+const RUSAGE_SELF: c_int = 0;
+const SIG_IGN: usize = 1;
+const PRIO_PROCESS: c_int = 0;
+const MADV_DOFORK: c_int = 11;
+const EFD_CLOEXEC: c_int = O_CLOEXEC;
+
+/// The Node-API functions used here (`js_native_api.h`, `node_api.h`) and libuv's
+/// `uv_loop_fork`, all exported by the node binary.
+struct Napi {
+    create_function: unsafe extern "C" fn(
+        NapiEnv,
+        *const c_char,
+        usize,
+        NapiCallback,
+        *mut c_void,
+        *mut NapiValue,
+    ) -> c_int,
+    set_named_property: unsafe extern "C" fn(NapiEnv, NapiValue, *const c_char, NapiValue) -> c_int,
+    get_cb_info: unsafe extern "C" fn(
+        NapiEnv,
+        NapiInfo,
+        *mut usize,
+        *mut NapiValue,
+        *mut NapiValue,
+        *mut *mut c_void,
+    ) -> c_int,
+    get_value_int64: unsafe extern "C" fn(NapiEnv, NapiValue, *mut i64) -> c_int,
+    create_int64: unsafe extern "C" fn(NapiEnv, i64, *mut NapiValue) -> c_int,
+    create_array_with_length: unsafe extern "C" fn(NapiEnv, usize, *mut NapiValue) -> c_int,
+    set_element: unsafe extern "C" fn(NapiEnv, NapiValue, u32, NapiValue) -> c_int,
+    get_null: unsafe extern "C" fn(NapiEnv, *mut NapiValue) -> c_int,
+    throw_error: unsafe extern "C" fn(NapiEnv, *const c_char, *const c_char) -> c_int,
+    get_uv_event_loop: unsafe extern "C" fn(NapiEnv, *mut *mut c_void) -> c_int,
+    uv_loop_fork: unsafe extern "C" fn(*mut c_void) -> c_int,
+    /// `v8::Isolate::GetCurrent()`, `v8::Isolate::GetCurrentContext()` (a `Local` is one
+    /// pointer), `node::GetCurrentEnvironment(Local<Context>)` and
+    /// `node::AtExit(Environment*, void (*)(void*), void*)`: Node's C++ API, the only way to
+    /// run code after Node has printed an uncaught exception and before it tears down its
+    /// platform (whose threads a fork does not have).
+    isolate_current: unsafe extern "C" fn() -> *mut c_void,
+    isolate_context: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
+    current_environment: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
+    at_exit: unsafe extern "C" fn(*mut c_void, unsafe extern "C" fn(*mut c_void), *mut c_void),
+    /// `node::GetMultiIsolatePlatform(Environment*)` and the two `NodePlatform` methods through which V8 hands work to the platform's
+    /// worker threads (found in its vtable by address, see [`adopt_worker_tasks`]).
+    platform_of: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
+    call_on_worker: *const c_void,
+    call_delayed_on_worker: *const c_void,
+}
+
+// SAFETY: function addresses, read-only after they are found.
+unsafe impl Sync for Napi {}
+unsafe impl Send for Napi {}
+
+static NAPI: std::sync::OnceLock<Option<Napi>> = std::sync::OnceLock::new();
+
+fn napi() -> Option<&'static Napi> {
+    NAPI.get_or_init(|| {
+        let find = |name: &std::ffi::CStr| {
+            // SAFETY: dlsym with RTLD_DEFAULT (null) and a NUL-terminated name.
+            let p = unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
+            (!p.is_null()).then_some(p)
+        };
+        // SAFETY: each symbol is the Node-API (or libuv) function of that name, whose C
+        // signature is the field's type.
+        unsafe {
+            Some(Napi {
+                create_function: std::mem::transmute(find(c"napi_create_function")?),
+                set_named_property: std::mem::transmute(find(c"napi_set_named_property")?),
+                get_cb_info: std::mem::transmute(find(c"napi_get_cb_info")?),
+                get_value_int64: std::mem::transmute(find(c"napi_get_value_int64")?),
+                create_int64: std::mem::transmute(find(c"napi_create_int64")?),
+                create_array_with_length: std::mem::transmute(find(
+                    c"napi_create_array_with_length",
+                )?),
+                set_element: std::mem::transmute(find(c"napi_set_element")?),
+                get_null: std::mem::transmute(find(c"napi_get_null")?),
+                throw_error: std::mem::transmute(find(c"napi_throw_error")?),
+                get_uv_event_loop: std::mem::transmute(find(c"napi_get_uv_event_loop")?),
+                uv_loop_fork: std::mem::transmute(find(c"uv_loop_fork")?),
+                isolate_current: std::mem::transmute(find(c"_ZN2v87Isolate10GetCurrentEv")?),
+                isolate_context: std::mem::transmute(find(c"_ZN2v87Isolate17GetCurrentContextEv")?),
+                current_environment: std::mem::transmute(find(
+                    c"_ZN4node21GetCurrentEnvironmentEN2v85LocalINS0_7ContextEEE",
+                )?),
+                at_exit: std::mem::transmute(find(c"_ZN4node6AtExitEPNS_11EnvironmentEPFvPvES2_")?),
+                platform_of: std::mem::transmute(find(
+                    c"_ZN4node23GetMultiIsolatePlatformEPNS_11EnvironmentE",
+                )?),
+                call_on_worker: find(
+                    c"_ZN4node12NodePlatform18CallOnWorkerThreadESt10unique_ptrIN2v84TaskESt14default_deleteIS3_EE",
+                )?,
+                call_delayed_on_worker: find(
+                    c"_ZN4node12NodePlatform25CallDelayedOnWorkerThreadESt10unique_ptrIN2v84TaskESt14default_deleteIS3_EEd",
+                )?,
+            })
+        }
+    })
+    .as_ref()
+}
+
+/// The module's exports: `serve`, `limits` and `usage`.
+///
+/// # Safety
+/// Called by Node with a valid environment and exports object.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn napi_register_module_v1(env: NapiEnv, exports: NapiValue) -> NapiValue {
+    let Some(n) = napi() else {
+        return exports;
+    };
+    let functions: [(&std::ffi::CStr, NapiCallback); 5] = [
+        (c"adopt", node_adopt),
+        (c"serve", node_serve),
+        (c"limits", node_limits),
+        (c"exitCode", node_exit_code),
+        (c"exit", node_exit),
+    ];
+    for (name, f) in functions {
+        let mut value = std::ptr::null_mut();
+        // SAFETY: Node-API calls on the environment Node passed in.
+        unsafe {
+            if (n.create_function)(
+                env,
+                name.as_ptr(),
+                usize::MAX,
+                f,
+                std::ptr::null_mut(),
+                &mut value,
+            ) == 0
+            {
+                (n.set_named_property)(env, exports, name.as_ptr(), value);
+            }
+        }
+    }
+    exports
+}
+
+/// Up to four integer arguments of a call (missing or non-numbers are errors).
+unsafe fn int_args<const N: usize>(env: NapiEnv, info: NapiInfo) -> Option<[i64; N]> {
+    let n = napi()?;
+    let mut argc = N;
+    let mut argv = [std::ptr::null_mut(); N];
+    let mut out = [0i64; N];
+    // SAFETY: Node-API calls with buffers of N values on this frame.
+    unsafe {
+        if (n.get_cb_info)(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ) != 0
+            || argc < N
+        {
+            return None;
+        }
+        for (v, o) in argv.iter().zip(out.iter_mut()) {
+            if (n.get_value_int64)(env, *v, o) != 0 {
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+unsafe fn throw(env: NapiEnv, message: &str) -> NapiValue {
+    if let Some(n) = napi() {
+        let text = std::ffi::CString::new(message.replace('\0', "")).unwrap_or_default();
+        // SAFETY: throws a new Error in the calling environment.
+        unsafe { (n.throw_error)(env, std::ptr::null(), text.as_ptr()) };
+    }
+    std::ptr::null_mut()
+}
+
+unsafe fn int_array(env: NapiEnv, values: &[i64]) -> NapiValue {
+    let Some(n) = napi() else {
+        return std::ptr::null_mut();
+    };
+    let mut array = std::ptr::null_mut();
+    // SAFETY: Node-API calls on the calling environment.
+    unsafe {
+        (n.create_array_with_length)(env, values.len(), &mut array);
+        for (i, v) in values.iter().enumerate() {
+            let mut value = std::ptr::null_mut();
+            (n.create_int64)(env, *v, &mut value);
+            (n.set_element)(env, array, i as u32, value);
+        }
+    }
+    array
+}
+
+/// This process's open fds (from /proc/self/fd), 3 and above.
+fn open_fds() -> Vec<c_int> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd: &c_int| fd > 2)
+        .collect()
+}
+
+/// Node's `Environment` of the calling thread (inside a Node-API call).
+unsafe fn environment(n: &Napi) -> *mut c_void {
+    // SAFETY: Node's C++ API on the calling thread, inside a call's handle scope.
+    unsafe {
+        let isolate = (n.isolate_current)();
+        let context = (n.isolate_context)(isolate);
+        (n.current_environment)(context)
+    }
+}
+
+/// `adopt()`: from now on V8's worker tasks run on this file's pool (see [`Pool`]). Call
+/// first, before the fork server runs anything.
+unsafe extern "C" fn node_adopt(env: NapiEnv, _info: NapiInfo) -> NapiValue {
+    let Some(n) = napi() else {
+        return std::ptr::null_mut();
+    };
+    new_pool();
+    // SAFETY: the calling thread's environment and its platform object.
+    let adopted = unsafe {
+        let environment = environment(n);
+        !environment.is_null() && {
+            let platform = (n.platform_of)(environment);
+            !platform.is_null() && adopt_worker_tasks(n, platform)
+        }
+    };
+    if !adopted {
+        // SAFETY: the calling environment.
+        return unsafe { throw(env, "take over the platform's worker tasks") };
+    }
+    std::ptr::null_mut()
+}
+
+/// `serve(controlFd, diskMb, openFiles, cpuS)`: the fork server's loop. Returns `null` in the
+/// fork server when the server closes the control socket; in a program, restricted, with a
+/// fresh event loop and only its own fds, `[chan, done, pid, ppid]`.
+unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
+    // SAFETY: the arguments of this call.
+    let Some([control_fd, disk_mb, open_files, cpu_s]) = (unsafe { int_args::<4>(env, info) })
+    else {
+        // SAFETY: the calling environment.
+        return unsafe {
+            throw(
+                env,
+                "serve(controlFd, diskMb, openFiles, cpuS): four integers",
+            )
+        };
+    };
+    let Some(n) = napi() else {
+        return std::ptr::null_mut();
+    };
+    // The interpreter's own name, which each program takes back.
+    let name = std::fs::read("/proc/self/comm").unwrap_or_else(|_| b"node".to_vec());
+    let name = std::ffi::CString::new(name.trim_ascii()).unwrap_or_default();
+    // The seccomp policy in two parts (see python_zygote.py): kept for the fork server's life.
+    let mut names: Vec<String> = std::fs::read_dir("/.gearbox")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with("seccomp-") && n.ends_with(".bpf"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    let mut server: Vec<*const SockFprog> = Vec::new();
+    let mut filters: Vec<*const SockFprog> = Vec::new();
+    for file in names {
+        let Ok(program) = std::fs::read(format!("/.gearbox/{file}")) else {
+            // SAFETY: the calling environment.
+            return unsafe { throw(env, "read the seccomp filters") };
+        };
+        let program: &'static [u8] = Box::leak(program.into_boxed_slice());
+        let prog: &'static SockFprog = Box::leak(Box::new(SockFprog {
+            len: (program.len() / 8) as u16,
+            filter: program.as_ptr().cast(),
+        }));
+        if file.starts_with("seccomp-server-") {
+            server.push(prog);
+        } else {
+            filters.push(prog);
+        }
+    }
+    let filters: &'static [*const SockFprog] = Box::leak(filters.into_boxed_slice());
+    let config = Config {
+        control_fd: control_fd as c_int,
+        disk_mb: disk_mb as u64,
+        open_files: open_files as u64,
+        cpu_s: cpu_s as u64,
+        nfilters: filters.len() as u32,
+        filters: filters.as_ptr(),
+        program_name: Box::leak(name.into_boxed_c_str()).as_ptr(),
+        inherited: server.len() as u32,
+    };
+    // Every fd this process has now is the fork server's: a program closes those that are
+    // still without close-on-exec after its event loop is rebuilt (Node and libuv open
+    // theirs with it).
+    for fd in open_fds() {
+        // SAFETY: clears a flag of this process's own fd table entry.
+        unsafe { fcntl(fd, F_SETFD, 0) };
+    }
+    // V8 maps its heap and code "do not copy on fork" (MADV_DONTFORK): a fork would have
+    // none of it. The fork server runs no JavaScript from here on, so what is mapped now is
+    // all a program needs.
+    if let Ok(maps) = std::fs::read_to_string("/proc/self/maps") {
+        for range in maps.lines().filter_map(|l| l.split(' ').next()) {
+            let mut ends = range.split('-').map(|x| usize::from_str_radix(x, 16));
+            if let (Some(Ok(lo)), Some(Ok(hi))) = (ends.next(), ends.next()) {
+                // SAFETY: changes only whether this process's own mapping is copied on fork
+                // (errors, as for the kernel's special mappings, change nothing).
+                unsafe { madvise(lo as *mut c_void, hi - lo, MADV_DOFORK) };
+            }
+        }
+    }
+    set_name(c"gb-zygote".as_ptr());
+    // SAFETY: signal disposition and seccomp filters of this process; the filters are leaked
+    // above and live as long as it.
+    unsafe {
+        signal(SIGCHLD, SIG_IGN);
+        for f in &server {
+            if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, *f) != 0 {
+                return throw(env, "install the fork server's seccomp filters");
+            }
+        }
+    }
+    quiesce();
+    let mut handed = Handed { chan: -1, done: -1 };
+    // SAFETY: valid config and out; the other threads of Node (its platform's workers, all
+    // idle: the fork server runs with --single-threaded) do not exist in the forks.
+    let r = unsafe { gb_serve(&config, &mut handed) };
+    if r != 0 {
+        let mut null = std::ptr::null_mut();
+        // SAFETY: the calling environment.
+        unsafe { (n.get_null)(env, &mut null) };
+        return null;
+    }
+    // A program: worker tasks go to a pool of its own.
+    new_pool();
+    // Its event loop's kernel objects (epoll, eventfd) are the fork server's:
+    // rebuild them, then close every fd it inherited.
+    let mut event_loop = std::ptr::null_mut();
+    // SAFETY: the loop of the calling environment, on its own thread.
+    let rebuilt = unsafe {
+        (n.get_uv_event_loop)(env, &mut event_loop) == 0 && (n.uv_loop_fork)(event_loop) == 0
+    };
+    if !rebuilt {
+        // SAFETY: the calling environment.
+        return unsafe { throw(env, "rebuild the event loop") };
+    }
+    // Every fd inherited from the fork server (those still without close-on-exec) now names
+    // an eventfd of this program's own instead: Node's teardown still writes to its
+    // platform's wake-up fd, which must not be the fork server's.
+    // SAFETY: eventfd takes integers.
+    let own = unsafe { eventfd(0, EFD_CLOEXEC) };
+    if own < 0 {
+        // SAFETY: the calling environment.
+        return unsafe { throw(env, "create an eventfd") };
+    }
+    for fd in open_fds() {
+        // SAFETY: fcntl and dup2 on this process's own fds.
+        unsafe {
+            let flags = fcntl(fd, F_GETFD);
+            if flags >= 0 && flags & FD_CLOEXEC == 0 && fd != handed.chan && fd != handed.done {
+                dup3(own, fd, O_CLOEXEC);
+            }
+        }
+    }
+    // SAFETY: an fd of this process.
+    unsafe { close(own) };
+    DONE_FD.store(handed.done, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: Node's C++ API on the calling thread, inside this call's handle scope.
+    unsafe {
+        let environment = environment(n);
+        if environment.is_null() {
+            return throw(env, "find the Node environment");
+        }
+        (n.at_exit)(environment, at_exit, std::ptr::null_mut());
+    }
+    // SAFETY: the calling environment; getpid and getppid take nothing.
+    unsafe {
+        int_array(
+            env,
+            &[
+                handed.chan.into(),
+                handed.done.into(),
+                getpid().into(),
+                getppid().into(),
+            ],
+        )
+    }
+}
+
+/// `limits(fileSizeBytes, openFiles, cpuS)`: the run's own rlimits.
+unsafe extern "C" fn node_limits(env: NapiEnv, info: NapiInfo) -> NapiValue {
+    // SAFETY: the arguments of this call.
+    let Some([fsize, nofile, cpu]) = (unsafe { int_args::<3>(env, info) }) else {
+        // SAFETY: the calling environment.
+        return unsafe {
+            throw(
+                env,
+                "limits(fileSizeBytes, openFiles, cpuS): three integers",
+            )
+        };
+    };
+    let limit = |cur: i64, max: i64| RLimit {
+        cur: cur.max(0) as u64,
+        max: max.max(0) as u64,
+    };
+    // SAFETY: setrlimit with structures on this frame.
+    let ok = unsafe {
+        setrlimit(RLIMIT_FSIZE, &limit(fsize, fsize)) == 0
+            && setrlimit(RLIMIT_NOFILE, &limit(nofile, nofile)) == 0
+            && setrlimit(RLIMIT_CPU, &limit(cpu, cpu + 1)) == 0
+    };
+    if !ok {
+        // SAFETY: the calling environment.
+        return unsafe { throw(env, "set rlimits") };
+    }
+    std::ptr::null_mut()
+}
+
+/// The program's done pipe (see python_zygote.py's `_finish`) and its exit code, as the
+/// program's `exit` listeners left it.
+static DONE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static EXIT_CODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
+
+/// `exitCode(code)`: the code to end with when Node reaches its at-exit callbacks (after it
+/// printed an uncaught exception).
+unsafe extern "C" fn node_exit_code(env: NapiEnv, info: NapiInfo) -> NapiValue {
+    // SAFETY: the arguments of this call.
+    if let Some([code]) = unsafe { int_args::<1>(env, info) } {
+        EXIT_CODE.store(code as c_int, std::sync::atomic::Ordering::Relaxed);
+    }
+    std::ptr::null_mut()
+}
+
+/// `exit(code)`: end the program now, as python_zygote.py's `_finish` does.
+unsafe extern "C" fn node_exit(env: NapiEnv, info: NapiInfo) -> NapiValue {
+    // SAFETY: the arguments of this call.
+    let code = unsafe { int_args::<1>(env, info) }.map_or(1, |[c]| c as c_int);
+    finish(code)
+}
+
+unsafe extern "C" fn at_exit(_arg: *mut c_void) {
+    finish(EXIT_CODE.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Close the output (the server reads it to its end), say how the program ended on the done
+/// pipe, and exit without Node's teardown: it would join its platform's threads, which exist
+/// only in the fork server.
+fn finish(code: c_int) -> ! {
+    let get = |who| {
+        let mut u = RUsage {
+            utime: TimeVal { sec: 0, usec: 0 },
+            stime: TimeVal { sec: 0, usec: 0 },
+            maxrss: 0,
+            rest: [0; 13],
+        };
+        // SAFETY: getrusage writes the structure on this frame.
+        unsafe { getrusage(who, &mut u) };
+        let us = (u.utime.sec + u.stime.sec) * 1_000_000 + u.utime.usec + u.stime.usec;
+        (us, u.maxrss)
+    };
+    // SAFETY: closes this process's stdout and stderr.
+    unsafe {
+        close(1);
+        close(2);
+    }
+    let (me, me_rss) = get(RUSAGE_SELF);
+    let (kids, kids_rss) = get(RUSAGE_CHILDREN);
+    let mut buf = Buf::new();
+    let _ = write!(
+        buf,
+        "{{\"code\":{code},\"cpu_time_ms\":{},\"max_rss_kb\":{}}}",
+        (me + kids) / 1000,
+        me_rss.max(kids_rss)
+    );
+    let done = DONE_FD.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: writes a buffer on this frame; then this process's priority, and its end.
+    unsafe {
+        if done >= 0 {
+            write(done, buf.data.as_ptr().cast(), buf.len);
+        }
+        // The teardown (a fork of the interpreter) yields the CPU to the answer.
+        setpriority(PRIO_PROCESS, 0, 19);
+        _exit(code & 0xff)
+    }
+}
+
+/// Worker threads for V8's background tasks, in place of Node's platform's: those threads
+/// exist in the fork server only, and a task left in their queue would keep a program's
+/// event loop from ever ending (`NodePlatform::DrainTasks` waits for it). The fork server
+/// hands its platform's worker tasks to this pool from its start; each program starts a
+/// pool of its own (what the fork server's pool held stays with the fork server).
+struct Pool {
+    queue: std::sync::Mutex<Vec<(std::time::Instant, usize)>>,
+    ready: std::sync::Condvar,
+    idle: std::sync::Condvar,
+    running: std::sync::atomic::AtomicUsize,
+    started: std::sync::Once,
+    /// Set in the fork server once it serves: no task runs while it forks.
+    frozen: std::sync::atomic::AtomicBool,
+}
+
+static POOL: std::sync::atomic::AtomicPtr<Pool> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+const POOL_THREADS: usize = 2;
+
+fn new_pool() {
+    let pool = Box::leak(Box::new(Pool {
+        queue: std::sync::Mutex::new(Vec::new()),
+        ready: std::sync::Condvar::new(),
+        idle: std::sync::Condvar::new(),
+        running: std::sync::atomic::AtomicUsize::new(0),
+        started: std::sync::Once::new(),
+        frozen: std::sync::atomic::AtomicBool::new(false),
+    }));
+    POOL.store(pool, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn pool() -> &'static Pool {
+    // SAFETY: set by `new_pool` before the vtable sends any task here; never freed.
+    unsafe { &*POOL.load(std::sync::atomic::Ordering::SeqCst) }
+}
+
+/// A `v8::Task`: its vtable is [complete destructor, deleting destructor, Run].
+unsafe fn run_task(task: usize) {
+    // SAFETY: `task` is a live v8::Task handed over with its ownership.
+    unsafe {
+        let vtable = *(task as *const *const unsafe extern "C" fn(usize));
+        (*vtable.add(2))(task);
+        (*vtable.add(1))(task);
+    }
+}
+
+fn post(task: usize, delay_s: f64) {
+    let pool = pool();
+    pool.started.call_once(|| {
+        for _ in 0..POOL_THREADS {
+            std::thread::spawn(move || work(pool));
+        }
+    });
+    let due =
+        std::time::Instant::now() + std::time::Duration::from_secs_f64(delay_s.clamp(0.0, 1e6));
+    pool.queue
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((due, task));
+    pool.ready.notify_one();
+}
+
+fn work(pool: &'static Pool) {
+    let mut queue = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let now = std::time::Instant::now();
+        let next = queue
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, (due, _))| *due)
+            .map(|(i, (due, _))| (i, *due));
+        match next {
+            _ if pool.frozen.load(std::sync::atomic::Ordering::SeqCst) => {
+                queue = pool.ready.wait(queue).unwrap_or_else(|e| e.into_inner());
+            }
+            Some((i, due)) if due <= now => {
+                let (_, task) = queue.swap_remove(i);
+                pool.running
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(queue);
+                // SAFETY: a task V8 posted, owned by this pool.
+                unsafe { run_task(task) };
+                queue = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
+                pool.running
+                    .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                pool.idle.notify_all();
+            }
+            Some((_, due)) => {
+                queue = pool
+                    .ready
+                    .wait_timeout(queue, due - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            None => queue = pool.ready.wait(queue).unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+}
+
+/// Wait until no task is due or running (delayed ones may stay queued), then run no more.
+fn quiesce() {
+    let pool = pool();
+    let mut queue = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let now = std::time::Instant::now();
+        let due = queue.iter().any(|(d, _)| *d <= now);
+        if !due && pool.running.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            pool.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+            return;
+        }
+        queue = pool
+            .idle
+            .wait_timeout(queue, std::time::Duration::from_millis(10))
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// `NodePlatform::CallOnWorkerThread(std::unique_ptr<Task>)`: the `unique_ptr` is passed by
+/// address (it has a destructor); taking the pointer out leaves the caller nothing to free.
+unsafe extern "C" fn call_on_worker(_platform: *mut c_void, task: *mut usize) {
+    // SAFETY: `task` points to the caller's unique_ptr.
+    let t = unsafe { std::mem::replace(&mut *task, 0) };
+    if t != 0 {
+        post(t, 0.0);
+    }
+}
+
+unsafe extern "C" fn call_delayed_on_worker(_platform: *mut c_void, task: *mut usize, delay: f64) {
+    // SAFETY: `task` points to the caller's unique_ptr.
+    let t = unsafe { std::mem::replace(&mut *task, 0) };
+    if t != 0 {
+        post(t, delay);
+    }
+}
+
+/// Point the platform's vtable entries for worker tasks at this pool: the platform object
+/// gets a copy of its vtable (with the ABI's two words before it) in which the entries
+/// equal to the two exported methods are replaced. Fails when they are not found.
+unsafe fn adopt_worker_tasks(n: &Napi, platform: *mut c_void) -> bool {
+    const SLOTS: usize = 64;
+    // SAFETY: `platform` is Node's platform object, whose first word is its vtable pointer;
+    // the vtable lies in the binary's read-only data, readable for SLOTS entries.
+    unsafe {
+        let vptr = *(platform as *const *const usize);
+        let mut table: Box<[usize; SLOTS + 2]> = Box::new([0; SLOTS + 2]);
+        std::ptr::copy_nonoverlapping(vptr.sub(2), table.as_mut_ptr(), SLOTS + 2);
+        let mut found = 0;
+        for slot in table[2..].iter_mut() {
+            if *slot == n.call_on_worker as usize {
+                *slot = call_on_worker as *const () as usize;
+                found |= 1;
+            } else if *slot == n.call_delayed_on_worker as usize {
+                *slot = call_delayed_on_worker as *const () as usize;
+                found |= 2;
+            }
+        }
+        if found != 3 {
+            return false;
+        }
+        let table = Box::leak(table);
+        *(platform as *mut *const usize) = table.as_ptr().add(2);
+        true
+    }
+}

@@ -1,0 +1,189 @@
+// gearbox fork server ("zygote") for Node.js.
+//
+// Started once per pool key inside a built sandbox root, like python_zygote.py (see there
+// for the namespaces, capabilities and the control protocol), with `--single-threaded`:
+// V8 then posts no work to its platform's worker threads, which exist in the fork server
+// but not in its forks. It runs no program itself: it loads the native loop of
+// /.gearbox/fork.so (launchers/fork.rs) as a Node-API module and calls `serve`, which forks
+// one single-use sandbox per request and never returns in the fork server.
+//
+// In a program, `serve` returns after the native code has restricted it exactly as the cold
+// path restricts a program before exec, rebuilt its event loop's kernel objects (the fork
+// server's epoll and eventfd must not be shared) and closed every fd it inherited. The
+// program then reads its hand-over on fd 0 and runs as `node main.js` would.
+'use strict';
+const fs = require('fs');
+const Module = require('module');
+
+const CONTROL_FD = 4;
+const MAX_HEADER = 16 * 1024 * 1024;
+
+class Fail extends Error {
+  constructor(step, message) {
+    super(message);
+    this.step = step;
+  }
+}
+
+function send(chan, msg) {
+  try {
+    fs.writeSync(chan, Buffer.from(JSON.stringify(msg)).subarray(0, 3800));
+  } catch {
+    // The server went away: nothing to tell.
+  }
+}
+
+const readStdin = (buf, off, n) => fs.readSync(0, buf, off, n, null);
+
+function readExact(n, read) {
+  const buf = Buffer.allocUnsafe(n);
+  let off = 0;
+  while (off < n) {
+    const r = read(buf, off, Math.min(n - off, 1 << 20));
+    if (r === 0) throw new Error('hand-over ended early');
+    off += r;
+  }
+  return buf;
+}
+
+function readHandover(read = readStdin) {
+  const length = readExact(4, read).readUInt32LE(0);
+  if (length > MAX_HEADER) throw new Error(`hand-over header of ${length} bytes is too large`);
+  const job = JSON.parse(readExact(length, read).toString('utf8'));
+  const files = job.files.map(([, size]) => readExact(Number(size), read));
+  return [job, files];
+}
+
+function writeFile(name, content) {
+  // The server validated every name; check again before writing as the sandbox user.
+  const parts = name.split('/');
+  if (!name || name.startsWith('/') || name.includes('\0') ||
+      parts.some((p) => p === '' || p === '.' || p === '..')) {
+    throw new Fail('write files', `invalid file name ${JSON.stringify(name)}`);
+  }
+  let parent = '/work';
+  for (const p of parts.slice(0, -1)) {
+    parent += '/' + p;
+    try {
+      fs.mkdirSync(parent, 0o755);
+    } catch (e) {
+      if (e.code !== 'EEXIST') throw e;
+    }
+  }
+  const mode = content[0] === 0x23 && content[1] === 0x21 ? 0o755 : 0o644;
+  const { O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW } = fs.constants;
+  const fd = fs.openSync('/work/' + name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+  try {
+    let off = 0;
+    while (off < content.length) off += fs.writeSync(fd, content, off);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+function program(native, chan, config) {
+  let job;
+  try {
+    const [j, files] = readHandover();
+    job = j;
+    job.files.forEach(([name], i) => writeFile(name, files[i]));
+    // The run's own limits, never above the slot's (a run may only lower them).
+    const limits = job.limits || {};
+    const fsize = Math.min(config.file_size_mb, Number(limits.file_size_mb ?? 1 << 30)) * 1024 * 1024;
+    const nofile = Math.min(config.open_files, Number(limits.open_files ?? config.open_files));
+    const cpuMs = Number(limits.cpu_ms || 0) || Number(limits.timeout_ms || 0);
+    const cpuS = cpuMs ? Math.min(config.cpu_s, Math.max(1, Math.ceil(cpuMs / 1000))) : config.cpu_s;
+    native.limits(fsize, nofile, cpuS);
+  } catch (e) {
+    send(chan, e instanceof Fail
+      ? { t: 'failed', step: e.step, message: e.message }
+      : { t: 'failed', step: 'prepare program', message: String(e) });
+    process.reallyExit(1);
+  }
+  send(chan, { t: 'started' });
+  fs.closeSync(chan);
+  endWithoutTeardown(native);
+  run(job);
+}
+
+// Node's own end would tear down its platform, whose worker threads exist only in the fork
+// server: a program ends through `native.exit` instead, once its `exit` listeners have run
+// (or, after an uncaught exception, once Node has printed it: `native.exitCode` keeps the
+// code for the native at-exit callback).
+function endWithoutTeardown(native) {
+  const emit = process.emit;
+  let fatal = false;
+  process.emit = function (event, ...args) {
+    const handled = Reflect.apply(emit, this, [event, ...args]);
+    if (event === 'uncaughtException' && !handled) fatal = true;
+    if (event === 'exit') {
+      const code = Number(process.exitCode ?? args[0] ?? 0) | 0;
+      if (fatal) native.exitCode(code);
+      else native.exit(code);
+    }
+    return handled;
+  };
+  process.reallyExit = (code) => native.exit(Number(code ?? process.exitCode ?? 0) | 0);
+}
+
+// Run the program as `node main.js args` would.
+function run(job) {
+  for (const k of Object.keys(process.env)) delete process.env[k];
+  Object.assign(process.env, job.env);
+  const argv = job.program_argv;
+  process.argv = [process.execPath, '/work/' + argv[0], ...argv.slice(1)];
+  // The run's command has no interpreter options (the fork server's stay with it).
+  process.execArgv = [];
+  Module.runMain();
+}
+
+// What a run uses that Node loads or compiles on first use, done once here instead of in
+// every fork: the modules behind process.stdout and stderr on a pipe (net, stream), the
+// module loader's compile path, and this file's own hand-over path (on a dummy job).
+function warm() {
+  require('net');
+  require('tty');
+  const { Writable } = require('stream');
+  const sink = new Writable({ write(chunk, encoding, callback) { callback(); } });
+  sink.write('1\n');
+  new console.Console(sink, sink).log('%s %d', 'x', 1, { a: [1] });
+  sink.end();
+  const m = new Module('/work/main.js', null);
+  m.filename = '/work/main.js';
+  m.paths = Module._nodeModulePaths('/work');
+  m._compile('module.exports = [1].map((x) => x + 1);\n', '/work/main.js');
+  const header = Buffer.from(JSON.stringify({
+    argv: ['node', 'main.js'], files: [['main.js', 15]], program_argv: ['main.js'],
+    env: { PATH: '/usr/bin' }, limits: { timeout_ms: 1, open_files: 1, file_size_mb: 1 },
+  }));
+  const length = Buffer.alloc(4);
+  length.writeUInt32LE(header.length, 0);
+  const dummy = Buffer.concat([length, header, Buffer.from('console.log(1)\n')]);
+  let at = 0;
+  const [job, files] = readHandover((buf, off, n) => {
+    const k = Math.min(n, dummy.length - at);
+    dummy.copy(buf, off, at, at + k);
+    at += k;
+    return k;
+  });
+  JSON.stringify({ t: 'started', n: job.files.length + files.length });
+}
+
+function serve() {
+  const config = JSON.parse(fs.readFileSync('/.gearbox/zygote.json', 'utf8'));
+  const native = { exports: {} };
+  process.dlopen(native, '/.gearbox/fork.so');
+  native.exports.adopt();
+  // A program's environment is its job's alone.
+  for (const k of Object.keys(process.env)) delete process.env[k];
+  warm();
+  const handed = native.exports.serve(CONTROL_FD, config.disk_mb, config.open_files, config.cpu_s);
+  if (handed === null) process.reallyExit(0);
+  const [chan, , pid, ppid] = handed;
+  // Node read these once, in the fork server.
+  Object.defineProperty(process, 'pid', { value: pid, enumerable: true, configurable: true });
+  Object.defineProperty(process, 'ppid', { value: ppid, writable: true, enumerable: true, configurable: true });
+  program(native.exports, chan, config);
+}
+
+serve();
