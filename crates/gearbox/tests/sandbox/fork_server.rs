@@ -1,6 +1,7 @@
-//! The escape suite against sandboxes forked by the Python fork server, each run checked to
-//! have been served by it (one pool hit per run). Runs of one fork server share only its
-//! read-only root and its user namespace; two of them at once must not see each other.
+//! The escape suite against sandboxes forked by the Python and Node fork servers, each run
+//! checked to have been served by one (one pool hit per run). Runs of one fork server share
+//! only its read-only root and its user namespace; two of them at once must not see each
+//! other, and a program holds no open file of its fork server.
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -11,22 +12,25 @@ use gearbox_engine::{Config, Engine};
 
 use crate::support::{Run, is_root, run};
 
-/// An engine whose only pool is Python's, served by its fork server.
-fn forked_engine(min: usize) -> Arc<Engine> {
+/// An engine whose only pool is `language`'s, served by its fork server.
+fn forked_engine_for(language: &str, min: usize) -> Arc<Engine> {
     let _g = crate::support::runtime().enter();
     let config = Config {
-        pool: [("python".to_string(), min)].into_iter().collect(),
+        pool: [(language.to_string(), min)].into_iter().collect(),
         ..Config::default()
     };
     Arc::new(Engine::new(config, crate::support::gearbox_bin()))
 }
 
+fn forked_engine(min: usize) -> Arc<Engine> {
+    forked_engine_for("python", min)
+}
+
+/// The stats of the engine's one pool.
 fn python_stats(engine: &Engine) -> gearbox_engine::PoolStats {
-    engine
-        .pool_stats()
-        .into_iter()
-        .find(|s| s.language == "python")
-        .expect("python pool")
+    let stats = engine.pool_stats();
+    assert_eq!(stats.len(), 1, "{stats:?}");
+    stats.into_iter().next().expect("one pool")
 }
 
 /// Wait until `n` forked sandboxes are ready.
@@ -455,4 +459,288 @@ fn run_cgroup_dirs(pid: &str) -> Vec<std::path::PathBuf> {
         }
     }
     dirs
+}
+
+/// The pairs (program fd, fork server fd) that name the same open file, from the host
+/// (kcmp), for the run whose process `child_pid` is a child of the program.
+fn shared_with_fork_server(child_pid: &str) -> (Vec<(i32, i32)>, usize) {
+    let ppid = |pid: &str| -> String {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:").map(|p| p.trim().to_string()))
+            .unwrap_or_default()
+    };
+    let program = ppid(child_pid);
+    let server = ppid(&ppid(&program));
+    let comm = std::fs::read_to_string(format!("/proc/{server}/comm")).unwrap_or_default();
+    assert_eq!(comm.trim(), "gb-zygote", "not the fork server: {server}");
+    let fds = |pid: &str| -> Vec<i32> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (mine, theirs) = (fds(&program), fds(&server));
+    assert!(!mine.is_empty() && !theirs.is_empty(), "{program} {server}");
+    let (p, z): (i32, i32) = (program.parse().unwrap_or(0), server.parse().unwrap_or(0));
+    let mut shared = Vec::new();
+    for &a in &mine {
+        for &b in &theirs {
+            // SAFETY: kcmp takes integers; KCMP_FILE (0) compares two processes' files.
+            if unsafe { libc::syscall(libc::SYS_kcmp, p, z, 0, a, b) } == 0 {
+                shared.push((a, b));
+            }
+        }
+    }
+    (shared, mine.len())
+}
+
+/// Run `code` (which starts `marker` as a child and waits for it) and, while it runs, list
+/// the files its program shares with the fork server.
+async fn shared_files(
+    engine: &Arc<Engine>,
+    language: &str,
+    code: &str,
+    marker: &str,
+) -> Vec<(i32, i32)> {
+    ready(engine, 1).await;
+    let req = run(language, code).timeout_ms(20_000).req;
+    let e = Arc::clone(engine);
+    let task = crate::support::runtime().spawn(async move { e.execute(req, None).await });
+    let t = std::time::Instant::now();
+    let (shared, count) = loop {
+        let found = crate::support::host_processes_with(marker);
+        if let Some(pid) = found.first().and_then(|p| p.split(':').next()) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            break shared_with_fork_server(pid);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the run never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let o = task.await.expect("run task");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert!(count >= 3, "{count}");
+    shared
+}
+
+#[tokio::test]
+async fn forked_programs_hold_no_file_of_the_fork_server() {
+    if !is_root() || !crate::support::cgroups_writable() {
+        eprintln!("FORK SERVER TESTS SKIPPED: they need root and cgroups (per-run limits)");
+        return;
+    }
+    let python = forked_engine_for("python", 1);
+    let shared = shared_files(
+        &python,
+        "python",
+        "import subprocess\nsubprocess.run(['sleep 1.7321'], shell=True)",
+        "sleep 1.7321",
+    )
+    .await;
+    assert!(shared.is_empty(), "python program shares {shared:?}");
+    drop(python);
+    // Node's event loop and its platform's threads hold epoll instances, eventfds and pipes
+    // in the fork server: none of them may reach a program.
+    let node = forked_engine_for("javascript", 1);
+    let shared = shared_files(
+        &node,
+        "javascript",
+        "require('child_process').spawnSync('/bin/sh', ['-c', 'sleep 1.7322'])",
+        "sleep 1.7322",
+    )
+    .await;
+    assert!(shared.is_empty(), "node program shares {shared:?}");
+}
+
+#[tokio::test]
+async fn node_forked_sandboxes_hold_like_cold_ones() {
+    if !is_root() || !crate::support::cgroups_writable() {
+        eprintln!("FORK SERVER TESTS SKIPPED: they need root and cgroups (per-run limits)");
+        return;
+    }
+    let engine = forked_engine_for("javascript", 2);
+    let js = |code: &str| run("javascript", code);
+
+    // Ordinary behaviour: argv, stdin, files, identity, a fresh workspace, the environment.
+    for _ in 0..2 {
+        let o = forked(
+            &engine,
+            js("const fs = require('fs');\nconsole.log(JSON.stringify([process.argv.slice(1), process.execArgv, process.cwd(), fs.readFileSync(0, 'utf8'), fs.readFileSync('data/x.txt', 'utf8'), fs.readdirSync('.').sort(), process.pid, process.ppid, Object.keys(process.env).includes('NODE_DISABLE_COLORS')]));\nfs.appendFileSync('state', 'x');")
+                .args(&["a"])
+                .stdin("in")
+                .file("data/x.txt", "file"),
+        )
+        .await;
+        assert_eq!(
+            o.stdout,
+            "[[\"/work/main.js\",\"a\"],[],\"/work\",\"in\",\"file\",[\"data\",\"main.js\"],2,1,true]\n",
+            "{o:?}"
+        );
+    }
+    // Every way a program ends: its code, its output, nothing after.
+    for (code, exit, stdout, stderr) in [
+        ("console.log('x')", 0, "x\n", ""),
+        ("process.exitCode = 4", 4, "", ""),
+        (
+            "process.on('exit', (c) => { console.log('bye', c); process.exitCode = 9 }); process.exit(3)",
+            9,
+            "bye 3\n",
+            "",
+        ),
+        (
+            "setTimeout(() => console.log('later'), 100)",
+            0,
+            "later\n",
+            "",
+        ),
+        (
+            "process.on('beforeExit', () => { if (!globalThis.n) { globalThis.n = 1; setTimeout(() => console.log('again'), 10) } })",
+            0,
+            "again\n",
+            "",
+        ),
+        (
+            "function f() { throw new Error('boom') }\nf()",
+            1,
+            "",
+            "Error: boom",
+        ),
+        (
+            "Promise.reject(new Error('rejected'))",
+            1,
+            "",
+            "Error: rejected",
+        ),
+        (
+            "process.on('exit', () => console.log('exit ran')); null.x",
+            1,
+            "exit ran\n",
+            "TypeError",
+        ),
+    ] {
+        let o = forked(&engine, js(code)).await;
+        assert_eq!(
+            (o.exit_code, o.stdout.as_str()),
+            (Some(exit), stdout),
+            "{code}: {o:?}"
+        );
+        assert!(o.stderr.contains(stderr), "{code}: {o:?}");
+        if !stderr.is_empty() {
+            assert!(o.stderr.starts_with("/work/main.js:"), "{code}: {o:?}");
+        }
+    }
+    let o = forked(&engine, js("process.abort()")).await;
+    assert_eq!(o.signal, Some(libc::SIGABRT), "{o:?}");
+
+    // Work V8 hands to background threads (garbage collection, WebAssembly compilation) and
+    // the thread pool of libuv: a fork has none of the fork server's threads.
+    let code = "let a = []; for (let i = 0; i < 2e6; i++) { a.push({ i }); if (a.length > 1e5) a = [] }\n\
+                const wasm = new Uint8Array([0,97,115,109,1,0,0,0,1,7,1,96,2,127,127,1,127,3,2,1,0,7,7,1,3,97,100,100,0,0,10,9,1,7,0,32,0,32,1,106,11]);\n\
+                WebAssembly.instantiate(wasm).then(({ instance }) => console.log('wasm', instance.exports.add(2, 3)));\n\
+                require('fs').promises.readFile('/etc/hostname').then(() => console.log('fs'));\n\
+                require('zlib').gzip('x', () => console.log('zlib'));\n\
+                const { Worker } = require('worker_threads');\n\
+                new Worker('require(\"worker_threads\").parentPort.postMessage(42)', { eval: true }).on('message', (m) => console.log('worker', m));\n\
+                const c = require('child_process').spawn('/bin/echo', ['child']); c.stdout.on('data', (d) => process.stdout.write(d));";
+    for _ in 0..3 {
+        let o = forked(&engine, js(code).timeout_ms(20_000)).await;
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        let mut lines: Vec<&str> = o.stdout.lines().collect();
+        lines.sort();
+        assert_eq!(
+            lines,
+            ["child", "fs", "wasm 5", "worker 42", "zlib"],
+            "{o:?}"
+        );
+    }
+
+    // Host files, writes outside the workspace, the host's loopback; privileges, seccomp,
+    // other processes.
+    let planted = std::env::temp_dir().join(format!("gearbox-fork-node-{}", std::process::id()));
+    std::fs::write(&planted, "TOP-SECRET-HOST-DATA").expect("plant");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    let code = format!(
+        r#"const fs = require('fs');
+for (const p of ['{p}', '/proc/1/root{p}']) {{ try {{ console.log(fs.readFileSync(p, 'utf8')) }} catch {{ console.log('denied') }} }}
+for (const p of ['/usr/gx', '/etc/gx', '/.gearbox/gx', '/.gearbox/fork.so', '/proc/sysrq-trigger']) {{ try {{ fs.appendFileSync(p, 'x'); console.log('WROTE', p) }} catch {{ console.log('refused') }} }}
+const status = fs.readFileSync('/proc/self/status', 'utf8');
+for (const key of ['CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp']) console.log(status.split('\n').find((l) => l.startsWith(key + ':')));
+console.log('pids', fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p)).join(','));
+console.log(fs.readFileSync('/proc/self/environ', 'utf8').includes('CARGO') ? 'LEAK' : 'env clean');
+const s = require('net').connect({p2}, '127.0.0.1');
+s.on('connect', () => {{ console.log('CONNECTED'); s.destroy() }});
+s.on('error', () => console.log('no host loopback'));
+"#,
+        p = planted.display(),
+        p2 = port
+    );
+    let o = forked(&engine, js(&code)).await;
+    let _ = std::fs::remove_file(&planted);
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    for bad in ["TOP-SECRET", "WROTE", "CONNECTED", "LEAK"] {
+        assert!(!o.stdout.contains(bad), "{bad}: {}", o.stdout);
+    }
+    assert_eq!(o.stdout.matches("denied").count(), 2, "{}", o.stdout);
+    assert_eq!(o.stdout.matches("refused").count(), 5, "{}", o.stdout);
+    for cap in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        assert!(
+            o.stdout.contains(&format!("{cap}:\t0000000000000000")),
+            "{}",
+            o.stdout
+        );
+    }
+    assert!(o.stdout.contains("NoNewPrivs:\t1"), "{}", o.stdout);
+    assert!(o.stdout.contains("Seccomp:\t2"), "{}", o.stdout);
+    assert!(o.stdout.contains("pids 1,2\n"), "{}", o.stdout);
+    assert!(o.stdout.contains("no host loopback"), "{}", o.stdout);
+    assert!(listener.accept().is_err(), "the sandbox reached the host");
+
+    // Limits: memory, wall clock, output; a run that kills all it can see harms only itself.
+    let o = forked(
+        &engine,
+        js("const b = []; for (;;) b.push(Buffer.alloc(16 << 20, 1))"),
+    )
+    .await;
+    assert_eq!(o.status, Status::Killed, "{o:?}");
+    let o = forked(&engine, js("for (;;) {}").timeout_ms(1500)).await;
+    assert!(
+        matches!(o.status, Status::Timeout | Status::Killed),
+        "{o:?}"
+    );
+    assert!(o.duration_ms < 4000, "{o:?}");
+    // Node queues what a full pipe does not take (in a cold run too): the flood ends with the
+    // run, by its deadline or its memory limit, its output capped.
+    let o = forked(
+        &engine,
+        js("for (;;) process.stdout.write('flood'.repeat(1000))").timeout_ms(1500),
+    )
+    .await;
+    assert!(
+        matches!(o.status, Status::Timeout | Status::Killed),
+        "{}",
+        o.status
+    );
+    assert!(
+        o.duration_ms < 4000 && o.stdout.len() <= (1 << 20) + 1024,
+        "{} {}",
+        o.duration_ms,
+        o.stdout.len()
+    );
+    let o = forked(&engine, js("for (const p of [1, process.ppid, -1]) { try { process.kill(p, 'SIGKILL') } catch { console.log('refused', p) } }\nconsole.log('still here')")).await;
+    assert!(
+        matches!(o.status, Status::Ok | Status::Error | Status::Killed),
+        "{o:?}"
+    );
+    let o = forked(&engine, js("console.log('next')")).await;
+    assert_eq!(o.stdout, "next\n", "{o:?}");
+    assert!(python_stats(&engine).fork_server);
 }
