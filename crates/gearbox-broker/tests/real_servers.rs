@@ -13,7 +13,7 @@ use gearbox_broker::{
 };
 
 fn npm_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/npm/node_modules/@modelcontextprotocol")
+    manifest_dir().join("../../tests/npm/node_modules/@modelcontextprotocol")
 }
 
 fn server_js(name: &str) -> String {
@@ -539,4 +539,12 @@ async fn a_target_that_cannot_start_is_reported_not_fatal() {
     let e = broker.tools(Some("broken"), None).await.expect_err("down");
     assert!(e.to_string().contains("next start attempt in"), "{e}");
     broker.shutdown().await;
+}
+
+/// This package's directory: as cargo gives it when it runs the test (a build cache shared
+/// between checkouts may hold a binary compiled in another one).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

@@ -36,7 +36,7 @@ impl Drop for TempDir {
 }
 
 fn server_js(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+    let p = manifest_dir()
         .join("../../tests/npm/node_modules/@modelcontextprotocol")
         .join(name)
         .join("dist/index.js");
@@ -532,4 +532,12 @@ async fn a_missing_variable_stops_serve_with_its_name_and_the_target() {
             && err.contains("env.TOKEN"),
         "{err}"
     );
+}
+
+/// This package's directory: as cargo gives it when it runs the test (a build cache shared
+/// between checkouts may hold a binary compiled in another one).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

@@ -112,9 +112,7 @@ fn structured(r: &CallToolResult) -> &Value {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    manifest_dir().join("tests/fixtures").join(name)
 }
 
 #[tokio::test]
@@ -657,4 +655,12 @@ async fn stateless_2026_07_28_revision_runs_code() {
         .await
         .expect("call");
     assert_eq!(r.structured_content.expect("structured")["stdout"], "42\n");
+}
+
+/// This package's directory: as cargo gives it when it runs the test (a build cache shared
+/// between checkouts may hold a binary compiled in another one).
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
