@@ -2,7 +2,7 @@
 //! the protocol, end to end. Run with `cargo test -p gearbox --test mcp_stdio`.
 //! `UPDATE_FIXTURES=1` rewrites the tools/list snapshot after an intended interface change.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
