@@ -9,7 +9,7 @@
 //! Only jobs whose sandbox is identical to the pool's template are served warm (same
 //! language, environment, limits, mounts, no network); any other job starts cold.
 //!
-//! Where the language has a fork server (`zygote.rs`: Python) and the host gives per-run
+//! Where the language has a fork server (`zygote.rs`: Python, Node) and the host gives per-run
 //! cgroups, a warm sandbox is a slot forked from the key's fork server instead of a whole
 //! helper: a few forks instead of two process starts and an interpreter start. A fork server
 //! that fails three times in a row is given up for helper-built sandboxes.

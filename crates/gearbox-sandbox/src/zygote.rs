@@ -1,8 +1,9 @@
-//! The fork server ("zygote"): warm Python sandboxes that cost a few forks instead of a
-//! helper, namespaces from scratch and an interpreter start.
+//! The fork server ("zygote"): warm Python and Node sandboxes that cost a few forks instead
+//! of a helper, namespaces from scratch and an interpreter start.
 //!
 //! One zygote runs per pool key, inside a sandbox built like any other (the helper's init
-//! builds the root and starts `launchers/python_zygote.py` with the Landlock ruleset on fd 3
+//! builds the root and starts `launchers/python_zygote.py` or `launchers/node_zygote.js`,
+//! with the Landlock ruleset on fd 3
 //! and a `SOCK_SEQPACKET` control socket on fd 4). For each slot the server sends one packet
 //! with five fds: the slot's own control socket, the program's stdin, stdout and stderr
 //! pipes, and the done pipe on which the program says how it ended. The zygote clones the
@@ -12,7 +13,7 @@
 //! capability dropped, no_new_privs, Landlock, the cold path's seccomp deny list: part
 //! inherited from the fork server, the rest its own, see `jail/seccomp.rs`) and then blocks
 //! reading its program from stdin. The loop, init and the restriction are native
-//! (`launchers/fork.rs`); only the program runs Python. Nothing is shared
+//! (`launchers/fork.rs`); only the program runs Python or JavaScript. Nothing is shared
 //! between runs but the read-only root and the zygote's pristine memory (copy-on-write).
 //!
 //! The slot speaks one JSON message per packet; the kernel attaches each sender's pid

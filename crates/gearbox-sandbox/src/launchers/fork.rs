@@ -1,4 +1,5 @@
-//! The fork server's native loop (`/.gearbox/fork.so`, loaded by `python_zygote.py`).
+//! The fork server's native loop (`/.gearbox/fork.so`, loaded by `python_zygote.py`, and by
+//! `node_zygote.js` as a Node-API module: see the Node-API entry at the end).
 //!
 //! The Python fork server calls [`gb_serve`] once, holding the GIL, after it has imported
 //! what a run needs. The loop never goes back to Python in the fork server: it receives slot

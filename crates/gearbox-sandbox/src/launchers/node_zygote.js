@@ -98,7 +98,8 @@ function program(native, chan, config) {
     send(chan, e instanceof Fail
       ? { t: 'failed', step: e.step, message: e.message }
       : { t: 'failed', step: 'prepare program', message: String(e) });
-    process.reallyExit(1);
+    // Not Node's own exit: it would tear down the platform, whose threads a fork lacks.
+    native.exit(1);
   }
   send(chan, { t: 'started' });
   fs.closeSync(chan);
