@@ -1372,6 +1372,9 @@ fn work(pool: &'static Pool) {
 
 /// Wait until no task is due or running (delayed ones may stay queued), then run no more.
 fn quiesce() {
+    if POOL.load(std::sync::atomic::Ordering::SeqCst).is_null() {
+        return;
+    }
     let pool = pool();
     let mut queue = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
     loop {
