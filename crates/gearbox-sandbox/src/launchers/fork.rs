@@ -446,21 +446,12 @@ fn init(config: &Config, fds: [c_int; 5]) -> Handed {
             break;
         }
     }
-    let mut usage: RUsage = RUsage {
-        utime: TimeVal { sec: 0, usec: 0 },
-        stime: TimeVal { sec: 0, usec: 0 },
-        maxrss: 0,
-        rest: [0; 13],
-    };
-    // SAFETY: getrusage writes the structure on this frame.
-    unsafe { getrusage(RUSAGE_CHILDREN, &mut usage) };
-    let cpu_us =
-        (usage.utime.sec + usage.stime.sec) * 1_000_000 + usage.utime.usec + usage.stime.usec;
+    let (cpu_us, maxrss) = rusage(RUSAGE_CHILDREN);
     let _ = write!(
         buf,
         "\"cpu_time_ms\":{},\"max_rss_kb\":{}}}",
         cpu_us / 1000,
-        usage.maxrss
+        maxrss
     );
     send_buf(chan, &buf);
     // Whatever the program left behind dies with this pid namespace.
@@ -469,6 +460,20 @@ fn init(config: &Config, fds: [c_int; 5]) -> Handed {
         kill(-1, SIGKILL);
         _exit(0)
     }
+}
+
+/// CPU time (user and system, µs) and peak RSS (KiB) of `who` (RUSAGE_SELF or _CHILDREN).
+fn rusage(who: c_int) -> (i64, c_long) {
+    let mut u = RUsage {
+        utime: TimeVal { sec: 0, usec: 0 },
+        stime: TimeVal { sec: 0, usec: 0 },
+        maxrss: 0,
+        rest: [0; 13],
+    };
+    // SAFETY: getrusage writes the structure on this frame.
+    unsafe { getrusage(who, &mut u) };
+    let us = (u.utime.sec + u.stime.sec) * 1_000_000 + u.utime.usec + u.stime.usec;
+    (us, u.maxrss)
 }
 
 /// The run's own namespaces' contents: once the server has put init in the run's cgroup,
@@ -1233,25 +1238,13 @@ unsafe extern "C" fn at_exit(_arg: *mut c_void) {
 /// pipe, and exit without Node's teardown: it would join its platform's threads, which exist
 /// only in the fork server.
 fn finish(code: c_int) -> ! {
-    let get = |who| {
-        let mut u = RUsage {
-            utime: TimeVal { sec: 0, usec: 0 },
-            stime: TimeVal { sec: 0, usec: 0 },
-            maxrss: 0,
-            rest: [0; 13],
-        };
-        // SAFETY: getrusage writes the structure on this frame.
-        unsafe { getrusage(who, &mut u) };
-        let us = (u.utime.sec + u.stime.sec) * 1_000_000 + u.utime.usec + u.stime.usec;
-        (us, u.maxrss)
-    };
     // SAFETY: closes this process's stdout and stderr.
     unsafe {
         close(1);
         close(2);
     }
-    let (me, me_rss) = get(RUSAGE_SELF);
-    let (kids, kids_rss) = get(RUSAGE_CHILDREN);
+    let (me, me_rss) = rusage(RUSAGE_SELF);
+    let (kids, kids_rss) = rusage(RUSAGE_CHILDREN);
     let mut buf = Buf::new();
     let _ = write!(
         buf,
