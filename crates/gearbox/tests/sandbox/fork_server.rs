@@ -536,27 +536,24 @@ async fn forked_programs_hold_no_file_of_the_fork_server() {
         eprintln!("FORK SERVER TESTS SKIPPED: they need root and cgroups (per-run limits)");
         return;
     }
-    let python = forked_engine_for("python", 1);
-    let shared = shared_files(
-        &python,
-        "python",
-        "import subprocess\nsubprocess.run(['sleep 1.7321'], shell=True)",
-        "sleep 1.7321",
-    )
-    .await;
-    assert!(shared.is_empty(), "python program shares {shared:?}");
-    drop(python);
     // Node's event loop and its platform's threads hold epoll instances, eventfds and pipes
     // in the fork server: none of them may reach a program.
-    let node = forked_engine_for("javascript", 1);
-    let shared = shared_files(
-        &node,
-        "javascript",
-        "require('child_process').spawnSync('/bin/sh', ['-c', 'sleep 1.7322'])",
-        "sleep 1.7322",
-    )
-    .await;
-    assert!(shared.is_empty(), "node program shares {shared:?}");
+    for (language, code, marker) in [
+        (
+            "python",
+            "import subprocess\nsubprocess.run(['sleep 1.7321'], shell=True)",
+            "sleep 1.7321",
+        ),
+        (
+            "javascript",
+            "require('child_process').spawnSync('/bin/sh', ['-c', 'sleep 1.7322'])",
+            "sleep 1.7322",
+        ),
+    ] {
+        let engine = forked_engine_for(language, 1);
+        let shared = shared_files(&engine, language, code, marker).await;
+        assert!(shared.is_empty(), "{language} program shares {shared:?}");
+    }
 }
 
 #[tokio::test]
@@ -738,6 +735,13 @@ s.on('error', () => console.log('no host loopback'));
     let o = forked(&engine, js("for (const p of [1, process.ppid, -1]) { try { process.kill(p, 'SIGKILL') } catch { console.log('refused', p) } }\nconsole.log('still here')")).await;
     assert!(
         matches!(o.status, Status::Ok | Status::Error | Status::Killed),
+        "{o:?}"
+    );
+    // The fork server's native module, loaded by a program: its control socket is gone and
+    // it holds no capability, so `serve` serves nothing.
+    let o = forked(&engine, js("const m = { exports: {} }; process.dlopen(m, '/.gearbox/fork.so');\ntry { console.log('serve', JSON.stringify(m.exports.serve(4, 1, 1, 1))) } catch (e) { console.log('serve refused') }")).await;
+    assert!(
+        matches!(o.stdout.as_str(), "serve null\n" | "serve refused\n"),
         "{o:?}"
     );
     let o = forked(&engine, js("console.log('next')")).await;
