@@ -193,7 +193,7 @@ pub struct SockFprog {
     filter: *const c_void,
 }
 
-/// What the fork server passes in (`_NativeConfig` in python_zygote.py).
+/// What the fork server serves with, built by [`gb_config`].
 #[repr(C)]
 pub struct Config {
     control_fd: c_int,
@@ -204,9 +204,10 @@ pub struct Config {
     filters: *const *const SockFprog,
     /// The interpreter's own process name, NUL-terminated, which each program takes back.
     program_name: *const c_char,
-    /// How many seccomp filters the fork server installed in itself (every program inherits
-    /// them; `filters` are the rest of the policy).
+    /// How many seccomp filters the fork server installs in itself (every program inherits
+    /// them; `filters` are the rest of the policy), and they.
     inherited: u32,
+    server_filters: *const *const SockFprog,
 }
 
 /// What a program gets back: its control socket and its done pipe (stdio is on 0, 1, 2).
@@ -290,8 +291,68 @@ fn set_name(name: *const c_char) {
     unsafe { prctl(PR_SET_NAME, name) };
 }
 
-/// Serve slot requests on `config.control_fd` until it closes (returns 1 in the fork
-/// server), or return 0 in a program, restricted and waiting for its hand-over on fd 0,
+/// The fork server's config: the limits given, the interpreter's own name (read now, before
+/// the fork server renames itself; each program takes it back), and the seccomp policy in
+/// two parts from `/.gearbox` (`jail/seccomp.rs`, `compile_split`): `seccomp-server-N.bpf`,
+/// which [`gb_serve`] installs in the fork server, and `seccomp-N.bpf`, which each program
+/// adds. Lives as long as the process; null if the filters cannot be read.
+///
+/// # Safety
+/// Reads files and allocates: call before serving, from one thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gb_config(
+    control_fd: c_int,
+    disk_mb: u64,
+    open_files: u64,
+    cpu_s: u64,
+) -> *const Config {
+    let name = std::fs::read("/proc/self/comm").unwrap_or_default();
+    let name = std::ffi::CString::new(name.trim_ascii()).unwrap_or_default();
+    let mut names: Vec<String> = std::fs::read_dir("/.gearbox")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with("seccomp-") && n.ends_with(".bpf"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    let (mut server, mut filters) = (Vec::new(), Vec::new());
+    for file in names {
+        let Ok(program) = std::fs::read(format!("/.gearbox/{file}")) else {
+            return std::ptr::null();
+        };
+        let program: &'static [u8] = Box::leak(program.into_boxed_slice());
+        let prog: *const SockFprog = Box::leak(Box::new(SockFprog {
+            len: (program.len() / 8) as u16,
+            filter: program.as_ptr().cast(),
+        }));
+        if file.starts_with("seccomp-server-") {
+            server.push(prog);
+        } else {
+            filters.push(prog);
+        }
+    }
+    if server.is_empty() || filters.is_empty() {
+        return std::ptr::null();
+    }
+    let server: &'static [*const SockFprog] = Box::leak(server.into_boxed_slice());
+    let filters: &'static [*const SockFprog] = Box::leak(filters.into_boxed_slice());
+    Box::leak(Box::new(Config {
+        control_fd,
+        disk_mb,
+        open_files,
+        cpu_s,
+        nfilters: filters.len() as u32,
+        filters: filters.as_ptr(),
+        program_name: Box::leak(name.into_boxed_c_str()).as_ptr(),
+        inherited: server.len() as u32,
+        server_filters: server.as_ptr(),
+    }))
+}
+
+/// Install the fork server's part of the seccomp policy, then serve slot requests on
+/// `config.control_fd` until it closes (returns 1 in the fork server; -1 if it cannot), or
+/// return 0 in a program, restricted and waiting for its hand-over on fd 0,
 /// with its control socket and done pipe in `out`. Call with SIGCHLD ignored (the runs'
 /// inits are reaped by the kernel).
 ///
@@ -302,6 +363,21 @@ fn set_name(name: *const c_char) {
 pub unsafe extern "C" fn gb_serve(config: *const Config, out: *mut Handed) -> c_int {
     // SAFETY: the caller passes a valid config.
     let config = unsafe { &*config };
+    // The part of the seccomp policy that neither this loop nor a run's init calls: installed
+    // here once, inherited by every program.
+    for i in 0..config.inherited as usize {
+        // SAFETY: the config's filters live as long as this process.
+        if unsafe {
+            prctl(
+                PR_SET_SECCOMP,
+                SECCOMP_MODE_FILTER,
+                *config.server_filters.add(i),
+            )
+        } != 0
+        {
+            return -1;
+        }
+    }
     loop {
         let mut fds = [-1 as c_int; 8];
         let n = receive(config.control_fd, &mut fds);
@@ -1040,47 +1116,19 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
     let Some(n) = napi() else {
         return std::ptr::null_mut();
     };
-    // The interpreter's own name, which each program takes back.
-    let name = std::fs::read("/proc/self/comm").unwrap_or_else(|_| b"node".to_vec());
-    let name = std::ffi::CString::new(name.trim_ascii()).unwrap_or_default();
-    // The seccomp policy in two parts (see python_zygote.py): kept for the fork server's life.
-    let mut names: Vec<String> = std::fs::read_dir("/.gearbox")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| n.starts_with("seccomp-") && n.ends_with(".bpf"))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    let mut server: Vec<*const SockFprog> = Vec::new();
-    let mut filters: Vec<*const SockFprog> = Vec::new();
-    for file in names {
-        let Ok(program) = std::fs::read(format!("/.gearbox/{file}")) else {
-            // SAFETY: the calling environment.
-            return unsafe { throw(env, "read the seccomp filters") };
-        };
-        let program: &'static [u8] = Box::leak(program.into_boxed_slice());
-        let prog: &'static SockFprog = Box::leak(Box::new(SockFprog {
-            len: (program.len() / 8) as u16,
-            filter: program.as_ptr().cast(),
-        }));
-        if file.starts_with("seccomp-server-") {
-            server.push(prog);
-        } else {
-            filters.push(prog);
-        }
-    }
-    let filters: &'static [*const SockFprog] = Box::leak(filters.into_boxed_slice());
-    let config = Config {
-        control_fd: control_fd as c_int,
-        disk_mb: disk_mb as u64,
-        open_files: open_files as u64,
-        cpu_s: cpu_s as u64,
-        nfilters: filters.len() as u32,
-        filters: filters.as_ptr(),
-        program_name: Box::leak(name.into_boxed_c_str()).as_ptr(),
-        inherited: server.len() as u32,
+    // SAFETY: reads this process's files; the config lives as long as it.
+    let config = unsafe {
+        gb_config(
+            control_fd as c_int,
+            disk_mb as u64,
+            open_files as u64,
+            cpu_s as u64,
+        )
     };
+    if config.is_null() {
+        // SAFETY: the calling environment.
+        return unsafe { throw(env, "read the seccomp filters") };
+    }
     // Every fd this process has now is the fork server's: a program closes those that are
     // still without close-on-exec after its event loop is rebuilt (Node and libuv open
     // theirs with it).
@@ -1102,21 +1150,17 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
         }
     }
     set_name(c"gb-zygote".as_ptr());
-    // SAFETY: signal disposition and seccomp filters of this process; the filters are leaked
-    // above and live as long as it.
-    unsafe {
-        signal(SIGCHLD, SIG_IGN);
-        for f in &server {
-            if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, *f) != 0 {
-                return throw(env, "install the fork server's seccomp filters");
-            }
-        }
-    }
+    // SAFETY: a signal disposition of this process.
+    unsafe { signal(SIGCHLD, SIG_IGN) };
     quiesce();
     let mut handed = Handed { chan: -1, done: -1 };
     // SAFETY: valid config and out; the other threads of Node (its platform's workers, all
     // idle: the fork server runs with --single-threaded) do not exist in the forks.
-    let r = unsafe { gb_serve(&config, &mut handed) };
+    let r = unsafe { gb_serve(config, &mut handed) };
+    if r < 0 {
+        // SAFETY: the calling environment.
+        return unsafe { throw(env, "install the fork server's seccomp filters") };
+    }
     if r != 0 {
         let mut null = std::ptr::null_mut();
         // SAFETY: the calling environment.

@@ -46,8 +46,6 @@ _CONTROL_FD = 4
 # The program's end of the pipe on which it tells the server how it ended (see _finish).
 _done_fd = -1
 _PR_SET_NAME = 15
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
 _MAX_HEADER = 16 * 1024 * 1024
 
 _libc = _ctypes.CDLL(None, use_errno=True)
@@ -77,41 +75,12 @@ class _Config:
         self.open_files = int(c["open_files"])
         self.file_size_bytes = int(c["file_size_mb"]) * 1024 * 1024
         self.cpu_s = int(c["cpu_s"])
-        # The seccomp policy in two parts (jail/seccomp.rs, compile_split): what the fork
-        # server installs in itself (every program inherits it), and what each program adds.
-        self.server_filters, self.filters = [], []
-        for name in sorted(_os.listdir("/.gearbox")):
-            if name.startswith("seccomp-") and name.endswith(".bpf"):
-                with open("/.gearbox/" + name, "rb") as f:
-                    part = self.server_filters if name.startswith("seccomp-server-") else self.filters
-                    part.append(_Filter(f.read()))
 
 
 def _name(name):
     """The process's name (comm), which shows in ps and /proc/PID/comm."""
     buf = _ctypes.create_string_buffer(name[:15])
     _libc.prctl(_PR_SET_NAME, _ctypes.addressof(buf), 0, 0, 0)
-
-
-# The interpreter's own name, which each program takes back: a program sees what it would
-# see when started as `python3 main.py`.
-with open("/proc/self/comm", "rb") as _f:
-    _PROGRAM_NAME = _f.read().strip()
-
-
-class _NativeConfig(_ctypes.Structure):
-    """`Config` of fork.rs."""
-
-    _fields_ = [
-        ("control_fd", _ctypes.c_int),
-        ("disk_mb", _ctypes.c_uint64),
-        ("open_files", _ctypes.c_uint64),
-        ("cpu_s", _ctypes.c_uint64),
-        ("nfilters", _ctypes.c_uint32),
-        ("filters", _ctypes.POINTER(_ctypes.c_void_p)),
-        ("program_name", _ctypes.c_char_p),
-        ("inherited", _ctypes.c_uint32),
-    ]
 
 
 class _Handed(_ctypes.Structure):
@@ -128,26 +97,22 @@ _after_fork_child.restype = None
 
 
 def _serve():
-    _name(b"gb-zygote")
     config = _Config()
+    native = _ctypes.PyDLL("/.gearbox/fork.so")
+    # The limits, the interpreter's own name (read before the rename below: each program takes
+    # it back) and the seccomp policy in two parts (jail/seccomp.rs, compile_split).
+    native.gb_config.argtypes = [_ctypes.c_int] + [_ctypes.c_uint64] * 3
+    native.gb_config.restype = _ctypes.c_void_p
+    native_config = native.gb_config(
+        _CONTROL_FD, config.disk_mb, config.open_files, config.cpu_s
+    )
+    if not native_config:
+        raise OSError("read the seccomp filters")
+    _name(b"gb-zygote")
     # The native loop: a PyDLL keeps the GIL across the call, so each program resumes here in
     # the same consistent interpreter state as a fork's child (the fork server has one thread).
-    native = _ctypes.PyDLL("/.gearbox/fork.so")
     native.gb_serve.argtypes = [_ctypes.c_void_p, _ctypes.c_void_p]
     native.gb_serve.restype = _ctypes.c_int
-    filters = (_ctypes.c_void_p * max(1, len(config.filters)))(
-        *[_ctypes.addressof(f.prog) for f in config.filters]
-    )
-    native_config = _NativeConfig(
-        _CONTROL_FD,
-        config.disk_mb,
-        config.open_files,
-        config.cpu_s,
-        len(config.filters),
-        _ctypes.cast(filters, _ctypes.POINTER(_ctypes.c_void_p)),
-        _PROGRAM_NAME,
-        len(config.server_filters),
-    )
     handed = _Handed(-1, -1)
     _warm_interpreter()
     # A program's environment is its job's alone.
@@ -158,10 +123,11 @@ def _serve():
     _gc.freeze()
     # The runs' inits are children of the fork server until they end: the kernel reaps them.
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
-    for f in config.server_filters:
-        if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, _ctypes.addressof(f.prog), 0, 0):
-            raise OSError(_ctypes.get_errno(), "install the fork server's seccomp filters")
-    if native.gb_serve(_ctypes.addressof(native_config), _ctypes.addressof(handed)) != 0:
+    # The fork server's part of the seccomp policy is installed by gb_serve, before it serves.
+    served = native.gb_serve(native_config, _ctypes.addressof(handed))
+    if served < 0:
+        raise OSError("install the fork server's seccomp filters")
+    if served != 0:
         return
     # A program, restricted by the native loop, its stdio on 0, 1 and 2.
     _after_fork_child()
@@ -178,18 +144,6 @@ def _warm_interpreter():
     exec(compile("x = [i for i in range(3)]\n", "<warm>", "exec"), {})
     _json.loads(_json.dumps({"t": "warm", "n": [1, 2]}))
     _struct.pack("<I", 0)
-
-
-class _SockFprog(_ctypes.Structure):
-    _fields_ = [("len", _ctypes.c_ushort), ("filter", _ctypes.c_void_p)]
-
-
-class _Filter:
-    """A compiled seccomp filter, its sock_fprog built once in the fork server."""
-
-    def __init__(self, program):
-        self.buf = _ctypes.create_string_buffer(program, len(program))
-        self.prog = _SockFprog(len(program) // 8, _ctypes.addressof(self.buf))
 
 
 def _program(chan, config):
