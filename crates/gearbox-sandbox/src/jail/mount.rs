@@ -106,7 +106,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
 /// The fork server's native loop (`launchers/fork.rs`, built by `build.rs`).
 const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
 
-/// What a fork server needs beside its script (see `launchers/python_zygote.py`): its
+/// What a fork server needs beside its script (`launchers/python_zygote.py`, `node_zygote.js`): its
 /// native loop, empty mount points for each run's scratch and /proc, the seccomp policy in
 /// two parts (`seccomp-server-N.bpf`, which the fork server installs in itself, and
 /// `seccomp-N.bpf`, which each program adds: together the cold path's filters, see
