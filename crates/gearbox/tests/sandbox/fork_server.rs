@@ -199,15 +199,7 @@ print('nice', os.getpriority(os.PRIO_PROCESS, 0))
 "#;
     let o = forked(&engine, run("python", code)).await;
     assert_eq!(o.status, Status::Ok, "{o:?}");
-    for cap in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
-        assert!(
-            o.stdout.contains(&format!("{cap}:\t0000000000000000")),
-            "{cap} not empty: {}",
-            o.stdout
-        );
-    }
-    assert!(o.stdout.contains("NoNewPrivs:\t1"), "{}", o.stdout);
-    assert!(o.stdout.contains("Seccomp:\t2"), "{}", o.stdout);
+    assert_restricted(&o.stdout);
     assert!(o.stdout.contains("unshare -1 mount -1"), "{}", o.stdout);
     // The deny list's two parts (the fork server's, inherited, and the program's own): EPERM
     // and ENOSYS from the filters, not what the kernel would answer without them.
@@ -427,6 +419,19 @@ for pid in range(3, 400):
     task.abort();
     let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");
+}
+
+/// The /proc/self/status lines a program printed: no capability in any set, no_new_privs,
+/// seccomp filtering.
+fn assert_restricted(stdout: &str) {
+    for cap in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
+        assert!(
+            stdout.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap} not empty: {stdout}"
+        );
+    }
+    assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
+    assert!(stdout.contains("Seccomp:\t2"), "{stdout}");
 }
 
 /// The host directories of the run cgroup that process `pid` is in.
@@ -670,7 +675,7 @@ async fn node_forked_sandboxes_hold_like_cold_ones() {
 for (const p of ['{p}', '/proc/1/root{p}']) {{ try {{ console.log(fs.readFileSync(p, 'utf8')) }} catch {{ console.log('denied') }} }}
 for (const p of ['/usr/gx', '/etc/gx', '/.gearbox/gx', '/.gearbox/fork.so', '/proc/sysrq-trigger']) {{ try {{ fs.appendFileSync(p, 'x'); console.log('WROTE', p) }} catch {{ console.log('refused') }} }}
 const status = fs.readFileSync('/proc/self/status', 'utf8');
-for (const key of ['CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp']) console.log(status.split('\n').find((l) => l.startsWith(key + ':')));
+for (const key of ['CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'CapInh', 'NoNewPrivs', 'Seccomp']) console.log(status.split('\n').find((l) => l.startsWith(key + ':')));
 console.log('pids', fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p)).join(','));
 console.log(fs.readFileSync('/proc/self/environ', 'utf8').includes('CARGO') ? 'LEAK' : 'env clean');
 const s = require('net').connect({p2}, '127.0.0.1');
@@ -688,15 +693,7 @@ s.on('error', () => console.log('no host loopback'));
     }
     assert_eq!(o.stdout.matches("denied").count(), 2, "{}", o.stdout);
     assert_eq!(o.stdout.matches("refused").count(), 5, "{}", o.stdout);
-    for cap in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
-        assert!(
-            o.stdout.contains(&format!("{cap}:\t0000000000000000")),
-            "{}",
-            o.stdout
-        );
-    }
-    assert!(o.stdout.contains("NoNewPrivs:\t1"), "{}", o.stdout);
-    assert!(o.stdout.contains("Seccomp:\t2"), "{}", o.stdout);
+    assert_restricted(&o.stdout);
     assert!(o.stdout.contains("pids 1,2\n"), "{}", o.stdout);
     assert!(o.stdout.contains("no host loopback"), "{}", o.stdout);
     assert!(listener.accept().is_err(), "the sandbox reached the host");
