@@ -80,6 +80,7 @@ const SIGKILL: c_int = 9;
 const SIG_DFL: usize = 0;
 const EINTR: c_int = 4;
 const ECHILD: c_int = 10;
+const ENOENT: c_int = 2;
 const MSG_NOSIGNAL: c_int = 0x4000;
 const MSG_CMSG_CLOEXEC: c_int = 0x4000_0000;
 const SOL_SOCKET: c_int = 1;
@@ -1129,7 +1130,7 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
         // SAFETY: the calling environment.
         return unsafe { throw(env, "read the seccomp filters") };
     }
-    // Every fd this process has now is the fork server's: a program closes those that are
+    // Every fd this process has now is the fork server's: a program replaces those that are
     // still without close-on-exec after its event loop is rebuilt (Node and libuv open
     // theirs with it).
     for fd in open_fds() {
@@ -1169,16 +1170,16 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
     }
     // A program: worker tasks go to a pool of its own.
     new_pool();
-    // Its event loop's kernel objects (epoll, eventfd) are the fork server's:
-    // rebuild them, then close every fd it inherited.
+    // Its event loop's kernel objects (epoll, eventfd) are the fork server's: rebuild them,
+    // then replace every fd it inherited. A step that fails is reported and ends the program
+    // here: Node's own end would tear down a platform whose threads a fork lacks.
     let mut event_loop = std::ptr::null_mut();
     // SAFETY: the loop of the calling environment, on its own thread.
     let rebuilt = unsafe {
         (n.get_uv_event_loop)(env, &mut event_loop) == 0 && (n.uv_loop_fork)(event_loop) == 0
     };
     if !rebuilt {
-        // SAFETY: the calling environment.
-        return unsafe { throw(env, "rebuild the event loop") };
+        program_failed(handed.chan, "rebuild the event loop", errno());
     }
     // Every fd inherited from the fork server (those still without close-on-exec) now names
     // an eventfd of this program's own instead: Node's teardown still writes to its
@@ -1186,8 +1187,7 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
     // SAFETY: eventfd takes integers.
     let own = unsafe { eventfd(0, EFD_CLOEXEC) };
     if own < 0 {
-        // SAFETY: the calling environment.
-        return unsafe { throw(env, "create an eventfd") };
+        program_failed(handed.chan, "create an eventfd", errno());
     }
     for fd in open_fds() {
         // SAFETY: fcntl and dup2 on this process's own fds.
@@ -1205,7 +1205,7 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
     unsafe {
         let environment = environment(n);
         if environment.is_null() {
-            return throw(env, "find the Node environment");
+            program_failed(handed.chan, "find the Node environment", ENOENT);
         }
         (n.at_exit)(environment, at_exit, std::ptr::null_mut());
     }
@@ -1221,6 +1221,13 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
             ],
         )
     }
+}
+
+/// Report a program's failed step on its control socket and end it.
+fn program_failed(chan: c_int, step: &'static str, errno: c_int) -> ! {
+    send_failed(chan, &Fail(step, errno));
+    // SAFETY: ends this process.
+    unsafe { _exit(127) }
 }
 
 /// `limits(fileSizeBytes, openFiles, cpuS)`: the run's own rlimits.
