@@ -387,14 +387,10 @@ impl RunGuard {
 impl Drop for RunGuard {
     fn drop(&mut self) {
         self.kill();
-        if let Some(mut cgroup) = self.cgroup.take() {
-            // Removing a memory cgroup can take milliseconds: never on the answer's path.
-            let cleanup = move || {
-                if !cgroup.try_remove() {
-                    cgroup.kill_all();
-                }
-                drop(cgroup);
-            };
+        if let Some(cgroup) = self.cgroup.take() {
+            // Emptying, resetting or removing a cgroup can take milliseconds: never on the
+            // answer's path.
+            let cleanup = move || cgroup.release();
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => drop(rt.spawn_blocking(cleanup)),
                 Err(_) => drop(std::thread::spawn(cleanup)),

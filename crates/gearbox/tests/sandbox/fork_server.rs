@@ -361,42 +361,12 @@ for pid in range(3, 400):
     let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");
 
-    // A finished run's cgroup is removed (found from the host through a process of the run).
+    // A finished run's cgroup is emptied: removed, or kept empty for a later run (found from
+    // the host through a process of the run).
     ready(&engine, 1).await;
-    let marker = "sleep 1.4142";
-    let req = run(
-        "python",
-        &format!("import subprocess\nsubprocess.run(['{marker}'], shell=True)"),
-    )
-    .req;
-    let e = Arc::clone(&engine);
-    let task = crate::support::runtime().spawn(async move { e.execute(req, None).await });
-    let t = std::time::Instant::now();
-    let dirs = loop {
-        let found = crate::support::host_processes_with(marker);
-        if let Some(pid) = found.first().and_then(|p| p.split(':').next()) {
-            break run_cgroup_dirs(pid);
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the run never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(
-        !dirs.is_empty() && dirs.iter().all(|d| d.exists()),
-        "{dirs:?}"
-    );
-    let o = task.await.expect("run task");
+    let (o, dirs) = run_in_cgroup(&engine, "sleep 1.4142", "").await;
     assert_eq!(o.status, Status::Ok, "{o:?}");
-    let t = std::time::Instant::now();
-    while dirs.iter().any(|d| d.exists()) {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "left behind: {dirs:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_emptied(&dirs).await;
 
     // A cancelled call (the future dropped mid-run) takes its sandbox with it.
     ready(&engine, 1).await;
@@ -438,6 +408,122 @@ fn assert_restricted(stdout: &str) {
     }
     assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
     assert!(stdout.contains("Seccomp:\t2"), "{stdout}");
+}
+
+/// Run a Python program that runs `marker` (a `sleep` command) after `before`, and find
+/// the run's cgroup from the host through that process: the outcome and the cgroup's dirs.
+async fn run_in_cgroup(
+    engine: &Arc<Engine>,
+    marker: &str,
+    before: &str,
+) -> (Outcome, Vec<std::path::PathBuf>) {
+    let req = run(
+        "python",
+        &format!("{before}\nimport subprocess\nsubprocess.run(['{marker}'], shell=True)"),
+    )
+    .timeout_ms(20_000)
+    .req;
+    let e = Arc::clone(engine);
+    let task = crate::support::runtime().spawn(async move { e.execute(req, None).await });
+    let t = std::time::Instant::now();
+    let dirs = loop {
+        let found = crate::support::host_processes_with(marker);
+        if let Some(pid) = found.first().and_then(|p| p.split(':').next()) {
+            break run_cgroup_dirs(pid);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the run never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        !dirs.is_empty() && dirs.iter().all(|d| d.exists()),
+        "{dirs:?}"
+    );
+    (task.await.expect("run task"), dirs)
+}
+
+/// Within 5 s, each of `dirs` is gone or holds no process.
+async fn assert_emptied(dirs: &[std::path::PathBuf]) {
+    let t = std::time::Instant::now();
+    while dirs.iter().any(|d| {
+        std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
+    }) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "left behind: {dirs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Finished runs' emptied cgroups serve later runs (v1 hosts), and each run's memory
+/// figures are its own: a run after one that held 80 MiB, or after one killed for memory,
+/// reports only itself.
+#[tokio::test]
+async fn cgroups_of_finished_runs_are_reused_with_fresh_figures() {
+    if !is_root() {
+        eprintln!("skipped: cgroups need root");
+        return;
+    }
+    // A memory limit of its own: kept cgroups are shared by every engine of this process,
+    // and other tests' slots would take them.
+    let engine = {
+        let _g = crate::support::runtime().enter();
+        let mut config = Config {
+            pool: [("python".to_string(), 1)].into_iter().collect(),
+            ..Config::default()
+        };
+        config.limits.memory_mb = 509;
+        Arc::new(Engine::new(config, crate::support::gearbox_bin()))
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut reused = 0;
+    for i in 0..6 {
+        ready(&engine, 1).await;
+        let big = i % 2 == 0;
+        let before = if big { "x = b'x' * (80 << 20)" } else { "" };
+        let (o, dirs) = run_in_cgroup(&engine, &format!("sleep 0.1{i}7"), before).await;
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        let peak = o.usage.peak_memory_kb.expect("a peak from the cgroup");
+        if big {
+            assert!(peak >= 80 << 10, "{peak} KiB: {o:?}");
+        } else {
+            assert!(peak < 20 << 10, "carried over: {peak} KiB: {o:?}");
+        }
+        assert_emptied(&dirs).await;
+        if !seen.insert(dirs) {
+            reused += 1;
+        }
+        // The slot built next (now) finds this run's cgroup kept.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    if matches!(
+        gearbox_sandbox::CgroupSupport::detect(),
+        gearbox_sandbox::CgroupSupport::V1 { .. }
+    ) {
+        assert!(reused >= 3, "{reused} of 6 runs reused a cgroup");
+    }
+    // A run killed for memory leaves nothing to the next ones.
+    let o = forked(
+        &engine,
+        run(
+            "python",
+            "b = []\nwhile True:\n    b.append(b'x' * (16 << 20))",
+        ),
+    )
+    .await;
+    assert_eq!(o.status, Status::Killed, "{o:?}");
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let o = forked(&engine, run("python", "print(1)")).await;
+        assert_eq!((o.status, o.stdout.as_str()), (Status::Ok, "1\n"), "{o:?}");
+        assert!(
+            o.usage.peak_memory_kb.is_some_and(|kb| kb < 20 << 10),
+            "{o:?}"
+        );
+    }
 }
 
 /// The host directories of the run cgroup that process `pid` is in.
