@@ -287,7 +287,7 @@ impl Cgroup {
         if !empty || self.oom_killed() {
             return false;
         }
-        if !read_u64(&memory.join("memory.usage_in_bytes")).is_some_and(|u| u <= max_residue()) {
+        if read_u64(&memory.join("memory.usage_in_bytes")).is_none_or(|u| u > max_residue()) {
             return false;
         }
         // Writing 0 sets the peak to the current usage.
