@@ -3,6 +3,7 @@
 //! writable (an unprivileged helper), the run falls back to rlimits and `doctor` says so.
 
 use std::fs;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -146,7 +147,64 @@ pub struct Cgroup {
     v2: bool,
     /// Whether `memory.memsw.*` (swap accounting) exists.
     memsw: bool,
+    /// Open v1 control files, where both the memory and the pids hierarchy exist.
+    files: Option<V1Files>,
     limits: Limits,
+}
+
+/// The control files of a v1 run cgroup that every run reads or writes, kept open and used
+/// at offset 0: opening a cgroup file walks its path and builds a seq_file each time.
+struct V1Files {
+    /// `cgroup.procs` of each hierarchy, in the order of `Cgroup::dirs`.
+    procs: Vec<fs::File>,
+    oom_control: fs::File,
+    max_usage: fs::File,
+    memsw_max_usage: Option<fs::File>,
+    usage: fs::File,
+    pids_current: fs::File,
+}
+
+impl V1Files {
+    fn open(cg: &Cgroup) -> Result<V1Files, String> {
+        let (Some(memory), Some(pids)) = (&cg.memory, &cg.pids) else {
+            return Err("a memory and a pids cgroup".into());
+        };
+        let open = |dir: &Path, file: &str, write: bool| {
+            let path = dir.join(file);
+            fs::OpenOptions::new()
+                .read(!write || file.ends_with("max_usage_in_bytes"))
+                .write(write)
+                .open(&path)
+                .map_err(|e| format!("open {}: {e}", path.display()))
+        };
+        Ok(V1Files {
+            procs: cg
+                .dirs
+                .iter()
+                .map(|d| open(d, "cgroup.procs", true))
+                .collect::<Result<_, _>>()?,
+            oom_control: open(memory, "memory.oom_control", false)?,
+            max_usage: open(memory, "memory.max_usage_in_bytes", true)?,
+            memsw_max_usage: if cg.memsw {
+                Some(open(memory, "memory.memsw.max_usage_in_bytes", true)?)
+            } else {
+                None
+            },
+            usage: open(memory, "memory.usage_in_bytes", false)?,
+            pids_current: open(pids, "pids.current", false)?,
+        })
+    }
+}
+
+/// The whole text of an open control file (read afresh from offset 0).
+fn read_file(f: &fs::File) -> Option<String> {
+    let mut buf = [0u8; 512];
+    let n = f.read_at(&mut buf, 0).ok()?;
+    String::from_utf8(buf[..n].to_vec()).ok()
+}
+
+fn read_file_u64(f: &fs::File) -> Option<u64> {
+    read_file(f)?.trim().parse().ok()
 }
 
 /// Emptied v1 run cgroups, each kept for the next run with the same memory and pids limits
@@ -186,6 +244,7 @@ impl Cgroup {
             cpuacct: None,
             v2: false,
             memsw: false,
+            files: None,
             limits: *limits,
         };
         let mem_bytes = limits.memory_mb * 1024 * 1024;
@@ -215,6 +274,9 @@ impl Cgroup {
                 // CPU time comes from rusage: joining one more v1 hierarchy costs another
                 // cgroup migration per run.
                 let _ = cpuacct;
+                if cg.memory.is_some() && cg.pids.is_some() {
+                    cg.files = Some(V1Files::open(&cg)?);
+                }
             }
             CgroupSupport::V2 { root } => {
                 let parent = root.join(PARENT);
@@ -271,14 +333,14 @@ impl Cgroup {
 
     /// Empty and clean, with its peak reset: ready for another run.
     fn reusable(&self) -> bool {
-        let (false, Some(memory), Some(pids)) = (self.v2, &self.memory, &self.pids) else {
+        let Some(files) = &self.files else {
             return false;
         };
         // pids.current counts every task of the run until it is reaped; the memory cgroup
         // holds the same tasks (both were joined by the run's pid 1, before it forked).
         let mut empty = false;
         for _ in 0..25 {
-            if read_u64(&pids.join("pids.current")) == Some(0) {
+            if read_file_u64(&files.pids_current) == Some(0) {
                 empty = true;
                 break;
             }
@@ -287,12 +349,12 @@ impl Cgroup {
         if !empty || self.oom_killed() {
             return false;
         }
-        if read_u64(&memory.join("memory.usage_in_bytes")).is_none_or(|u| u > max_residue()) {
+        if read_file_u64(&files.usage).is_none_or(|u| u > max_residue()) {
             return false;
         }
         // Writing 0 sets the peak to the current usage.
-        write(memory, "memory.max_usage_in_bytes", "0").is_ok()
-            && (!self.memsw || write(memory, "memory.memsw.max_usage_in_bytes", "0").is_ok())
+        let reset = |f: &fs::File| f.write_at(b"0", 0).is_ok();
+        reset(&files.max_usage) && files.memsw_max_usage.as_ref().is_none_or(reset)
     }
 
     fn make(&mut self, hierarchy: &Path, name: &str) -> Result<PathBuf, String> {
@@ -323,6 +385,13 @@ impl Cgroup {
     }
 
     pub fn attach(&self, pid: i32) -> Result<(), String> {
+        if let Some(files) = &self.files {
+            for (f, dir) in files.procs.iter().zip(&self.dirs) {
+                f.write_at(pid.to_string().as_bytes(), 0)
+                    .map_err(|e| format!("write {}/cgroup.procs: {e}", dir.display()))?;
+            }
+            return Ok(());
+        }
         for dir in &self.dirs {
             write(dir, "cgroup.procs", &pid.to_string())?;
         }
@@ -336,7 +405,11 @@ impl Cgroup {
         } else {
             "memory.oom_control"
         };
-        let text = fs::read_to_string(m.join(file)).unwrap_or_default();
+        let text = match &self.files {
+            Some(files) => read_file(&files.oom_control),
+            None => fs::read_to_string(m.join(file)).ok(),
+        }
+        .unwrap_or_default();
         text.lines().any(|l| {
             let mut it = l.split_whitespace();
             it.next() == Some("oom_kill")
@@ -351,7 +424,11 @@ impl Cgroup {
         } else {
             "memory.max_usage_in_bytes"
         };
-        read_u64(&m.join(file)).map(|b| b / 1024)
+        match &self.files {
+            Some(files) => read_file_u64(&files.max_usage),
+            None => read_u64(&m.join(file)),
+        }
+        .map(|b| b / 1024)
     }
 
     pub fn cpu_time_ms(&self) -> Option<u64> {
@@ -373,6 +450,7 @@ impl Cgroup {
     /// Remove the cgroup if it is empty already (a finished run's usually is): whether it is
     /// gone. What could not be removed stays for [`Cgroup::kill_all`] and the drop.
     fn try_remove(&mut self) -> bool {
+        self.files = None;
         self.dirs
             .retain(|dir| fs::remove_dir(dir).is_err() && dir.exists());
         self.dirs.is_empty()
@@ -395,6 +473,7 @@ impl Cgroup {
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
+        self.files = None;
         for dir in self.dirs.iter().rev() {
             // Processes killed a moment ago may still be leaving the cgroup.
             for _ in 0..50 {
