@@ -98,6 +98,12 @@ impl Engine {
         });
     }
 
+    /// The server is leaving: drop the warm sandboxes and stop the fork servers, which
+    /// remove their cgroups (waits up to two seconds).
+    pub async fn stop(&self) {
+        self.pool.stop(std::time::Duration::from_secs(2)).await;
+    }
+
     /// Warm pool counters per language.
     pub fn pool_stats(&self) -> Vec<PoolStats> {
         self.pool.stats()

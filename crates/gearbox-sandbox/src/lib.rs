@@ -16,7 +16,7 @@ pub mod wire;
 mod zygote;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};
-pub use jail::CgroupSupport;
+pub use jail::{CgroupSupport, remove_spare_cgroups};
 pub use pool::{PoolStats, WarmPool};
 
 /// Entry point of the `__jail` helper. Never returns.

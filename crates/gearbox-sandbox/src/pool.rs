@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -127,6 +127,8 @@ pub struct WarmPool {
     /// Woken whenever a warm sandbox becomes ready.
     filled: tokio::sync::Notify,
     spawned: AtomicU64,
+    /// [`WarmPool::stop`] was called: nothing more is built.
+    stopped: AtomicBool,
 }
 
 impl WarmPool {
@@ -137,6 +139,7 @@ impl WarmPool {
             fork_servers: tokio::sync::Mutex::new(HashMap::new()),
             filled: tokio::sync::Notify::new(),
             spawned: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
         })
     }
 
@@ -264,6 +267,9 @@ impl WarmPool {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        if self.stopped.load(Ordering::Relaxed) {
+            return;
+        }
         let (template, n, fork_server) = {
             let mut slots = self.slots();
             let Some(slot) = slots.get_mut(k) else { return };
@@ -295,6 +301,8 @@ impl WarmPool {
                     slot.filling = slot.filling.saturating_sub(1);
                     slot.last_refill_ms = t.elapsed().as_secs_f64() * 1000.0;
                     match built {
+                        // Stopped: what was being built is not wanted, nor its failure news.
+                        _ if pool.stopped.load(Ordering::Relaxed) => {}
                         Ok(sp) => {
                             slot.ready.push_back(sp);
                             pool.filled.notify_waiters();
@@ -318,6 +326,11 @@ impl WarmPool {
             let server = servers.entry(k.to_string()).or_default();
             match &server.zygote {
                 Some(z) if z.alive() => Arc::clone(z),
+                _ if self.stopped.load(Ordering::Relaxed) => {
+                    return Err(gearbox_core::SandboxError::Protocol(
+                        "the warm pool was stopped".into(),
+                    ));
+                }
                 _ => {
                     let z = Zygote::start(&self.helper, template, launcher).await?;
                     server.zygote = Some(Arc::clone(&z));
@@ -347,6 +360,33 @@ impl WarmPool {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Stop for good (the server is leaving): drop every warm sandbox, build no more, and
+    /// stop the fork servers, waiting up to `grace` for their helpers to end (each removes
+    /// its fork server's cgroup on the way out; one still running then is killed).
+    pub async fn stop(&self, grace: std::time::Duration) {
+        self.stopped.store(true, Ordering::Relaxed);
+        let dropped: Vec<Warm> = self
+            .slots()
+            .values_mut()
+            .flat_map(|slot| slot.ready.drain(..))
+            .collect();
+        drop(dropped);
+        let zygotes: Vec<Arc<Zygote>> = self
+            .fork_servers
+            .lock()
+            .await
+            .drain()
+            .filter_map(|(_, server)| server.zygote)
+            .collect();
+        let deadline = Instant::now() + grace;
+        for z in &zygotes {
+            z.stop();
+        }
+        for z in &zygotes {
+            z.wait_until(deadline).await;
         }
     }
 

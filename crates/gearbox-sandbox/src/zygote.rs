@@ -123,6 +123,8 @@ pub(crate) struct Zygote {
     control: Mutex<OwnedFd>,
     helper: Mutex<tokio::process::Child>,
     limits: Limits,
+    /// Set by [`Zygote::stop`]: its end is expected, not a failure.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Zygote {
@@ -165,6 +167,8 @@ impl Zygote {
         drop(theirs);
         let _ = stdin.shutdown().await;
         // The zygote's own output and the helper's report arrive only if it fails: log them.
+        let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = Arc::clone(&stopping);
         tokio::spawn(async move {
             let never = std::future::pending::<()>();
             let (out, err) = tokio::join!(
@@ -174,6 +178,10 @@ impl Zygote {
             let mut report = report;
             let mut buf = Vec::new();
             let _ = tokio::io::AsyncReadExt::read_to_end(&mut report, &mut buf).await;
+            if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                tracing::debug!(report = %String::from_utf8_lossy(&buf), "fork server stopped");
+                return;
+            }
             tracing::warn!(
                 stdout = %out.text.trim(),
                 stderr = %err.text.trim(),
@@ -185,12 +193,34 @@ impl Zygote {
             control: Mutex::new(ours),
             helper: Mutex::new(child),
             limits: template.limits,
+            stopping,
         }))
     }
 
     pub fn alive(&self) -> bool {
         let mut child = self.helper.lock().unwrap_or_else(|p| p.into_inner());
         matches!(child.try_wait(), Ok(None))
+    }
+
+    /// Ask the fork server to end: it reads end-of-file on its control socket and exits,
+    /// and its helper then removes its cgroup. Slots already built are not affected.
+    pub fn stop(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let control = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = nix::sys::socket::shutdown(control.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+    }
+
+    /// Wait for the helper to end until `deadline`, then kill it.
+    pub async fn wait_until(&self, deadline: Instant) {
+        while self.alive() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut child = self.helper.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(child.try_wait(), Ok(None)) {
+            tracing::warn!("a fork server did not stop in time; killing it");
+            let _ = child.start_kill();
+        }
     }
 
     /// Ask for one single-use sandbox and wait until its program is restricted and waits.

@@ -296,6 +296,7 @@ fn list_approvals(config: &Config, json: bool) -> Result<ExitCode> {
 
 fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
     let rt = runtime()?;
+    let engine = std::sync::Arc::new(engine);
     let audit_path = args
         .audit_log
         .clone()
@@ -320,7 +321,7 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
     };
     let result = match &args.http {
         None => rt.block_on(gearbox_server::serve_stdio(
-            std::sync::Arc::new(engine),
+            std::sync::Arc::clone(&engine),
             opts,
         )),
         Some(given) => {
@@ -337,7 +338,7 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
             opts.caller = "anonymous".into();
             let server = {
                 let _runtime = rt.enter();
-                gearbox_server::GearboxServer::new(std::sync::Arc::new(engine), opts)
+                gearbox_server::GearboxServer::new(std::sync::Arc::clone(&engine), opts)
             };
             rt.block_on(gearbox_server::http::run(
                 server,
@@ -347,8 +348,11 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
             ))
         }
     };
-    // Runs of a client that left were cancelled; do not wait on stragglers.
+    // The fork servers end and remove their cgroups; runs of a client that left were
+    // cancelled, so do not wait on stragglers; then remove the run cgroups kept for reuse.
+    rt.block_on(engine.stop());
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    gearbox_sandbox::remove_spare_cgroups();
     result?;
     Ok(ExitCode::SUCCESS)
 }

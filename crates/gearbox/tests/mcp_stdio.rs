@@ -36,6 +36,8 @@ type Session = RunningService<RoleClient, Client>;
 struct Server {
     session: Session,
     client: Client,
+    /// The `gearbox serve` process.
+    pid: u32,
     _dir: TempDir,
 }
 
@@ -77,11 +79,13 @@ async fn start(args: &[&str]) -> Server {
         }),
     )
     .expect("spawn gearbox serve");
+    let pid = transport.id().expect("server pid");
     let client = Client::default();
     let session = client.clone().serve(transport).await.expect("initialize");
     Server {
         session,
         client,
+        pid,
         _dir: dir,
     }
 }
@@ -474,6 +478,130 @@ fn processes_with(marker: &str) -> Vec<u32> {
         }
     }
     out
+}
+
+/// The parent pid and name of process `pid`.
+fn parent_and_name(pid: u32) -> Option<(u32, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (left, right) = stat.rsplit_once(')')?;
+    let name = left.split_once('(')?.1.to_string();
+    Some((right.split_whitespace().nth(1)?.parse().ok()?, name))
+}
+
+/// The host directories of the gearbox cgroups process `pid` is in.
+fn gearbox_cgroups_of(pid: u32) -> Vec<PathBuf> {
+    let roots = gearbox_cgroup_roots();
+    let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let mut dirs = Vec::new();
+    for line in lines.lines() {
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        let Some(name) = path.strip_prefix("/gearbox/") else {
+            continue;
+        };
+        dirs.extend(roots.iter().map(|r| r.join(name)).filter(|d| d.exists()));
+    }
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// The `gearbox` parent cgroup of each hierarchy gearbox uses.
+fn gearbox_cgroup_roots() -> Vec<PathBuf> {
+    match gearbox_sandbox::CgroupSupport::detect() {
+        gearbox_sandbox::CgroupSupport::V1 { memory, pids, .. } => [memory, pids]
+            .into_iter()
+            .flatten()
+            .map(|r| r.join("gearbox"))
+            .collect(),
+        gearbox_sandbox::CgroupSupport::V2 { root } => vec![root.join("gearbox")],
+        gearbox_sandbox::CgroupSupport::None { .. } => vec![],
+    }
+}
+
+/// Run cgroups created by process `pid` (named after it).
+fn run_cgroups_named_for(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("run-{pid}-");
+    gearbox_cgroup_roots()
+        .iter()
+        .flat_map(|r| std::fs::read_dir(r).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// A server whose client leaves ends its fork servers and leaves no cgroup behind: neither
+/// theirs nor the run cgroups it kept for later runs.
+#[tokio::test]
+async fn a_server_that_stops_leaves_no_cgroup() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || gearbox_cgroup_roots().is_empty() {
+        eprintln!("skipped: needs root and cgroups");
+        return;
+    }
+    let s = start(&[]).await;
+    for (language, code) in [("python", "print(1)"), ("javascript", "console.log(1)")] {
+        for _ in 0..3 {
+            let r = call(
+                &s,
+                "execute_code",
+                json!({"language": language, "code": code}),
+            )
+            .await;
+            assert_eq!(structured(&r)["stdout"], "1\n", "{r:?}");
+        }
+    }
+    // Both fork servers, found from the host as descendants of the server.
+    let descends = |mut pid: u32| {
+        while pid > 1 {
+            if pid == s.pid {
+                return true;
+            }
+            pid = parent_and_name(pid).map_or(0, |(ppid, _)| ppid);
+        }
+        false
+    };
+    let t = Instant::now();
+    let zygote_dirs = loop {
+        let zygotes: Vec<u32> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+            .filter(|&p| parent_and_name(p).is_some_and(|(_, n)| n == "gb-zygote") && descends(p))
+            .collect();
+        if zygotes.len() >= 2 {
+            break zygotes
+                .into_iter()
+                .flat_map(gearbox_cgroups_of)
+                .collect::<Vec<_>>();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "fork servers: {zygotes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!zygote_dirs.is_empty());
+    assert!(!run_cgroups_named_for(s.pid).is_empty());
+    let pid = s.pid;
+    s.session.cancel().await.expect("close the session");
+    let t = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the server did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: Vec<PathBuf> = zygote_dirs
+        .iter()
+        .filter(|d| d.exists())
+        .cloned()
+        .chain(run_cgroups_named_for(pid))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 #[tokio::test]

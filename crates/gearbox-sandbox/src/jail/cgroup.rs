@@ -137,6 +137,13 @@ pub fn sweep_stale() -> usize {
     removed
 }
 
+/// Remove the emptied run cgroups this process kept for later runs (a server that stops;
+/// what a killed server kept, the next one's [`sweep_stale`] removes).
+pub fn remove_spares() {
+    let spares = std::mem::take(&mut *SPARES.lock().unwrap_or_else(|p| p.into_inner()));
+    drop(spares);
+}
+
 /// The cgroup(s) of one run; removed on drop, or kept for another run by
 /// [`Cgroup::release`].
 pub struct Cgroup {

@@ -30,8 +30,8 @@ use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-pub use cgroup::CgroupSupport;
 pub(crate) use cgroup::{Cgroup, sweep_stale as sweep_stale_cgroups};
+pub use cgroup::{CgroupSupport, remove_spares as remove_spare_cgroups};
 
 use crate::wire::{JailReport, Mode, REPORT_FD, StepError, read_request};
 
