@@ -86,6 +86,29 @@ impl Default for ServeOptions {
 /// Serve MCP on this process's stdin and stdout until the client closes the connection.
 ///
 /// Runs still going when the client leaves are cancelled, which kills their sandboxes.
+/// Raise this process's soft limit on open files to its hard limit, as long-running servers
+/// do: a server holds several descriptors per warm sandbox (pipes, control socket, pidfds,
+/// open cgroup files), per running call and per connection, and the usual soft limit of 1024
+/// is below what a busy one needs. Returns the soft limit now in force.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the structure on this frame.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads the structure on this frame.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
 pub async fn serve_stdio(engine: Arc<Engine>, opts: ServeOptions) -> anyhow::Result<()> {
     let server = GearboxServer::new(engine, opts);
     server.broker_startup()?;

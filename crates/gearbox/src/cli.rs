@@ -295,6 +295,10 @@ fn list_approvals(config: &Config, json: bool) -> Result<ExitCode> {
 }
 
 fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
+    match gearbox_server::raise_open_files_limit() {
+        Ok(n) => tracing::debug!(open_files = n, "open files limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open files limit"),
+    }
     let rt = runtime()?;
     let engine = std::sync::Arc::new(engine);
     let audit_path = args

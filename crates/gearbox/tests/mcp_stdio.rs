@@ -480,6 +480,47 @@ fn processes_with(marker: &str) -> Vec<u32> {
     out
 }
 
+/// A server started with the usual soft limit of open files raises it to its hard limit: it
+/// holds several descriptors per warm sandbox, call and connection.
+#[tokio::test]
+async fn the_server_raises_its_open_files_limit() {
+    let dir = TempDir::new("nofile");
+    let config = dir.0.join("gearbox.toml");
+    std::fs::write(&config, "").expect("write");
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
+            c.arg("--config").arg(&config).arg("serve");
+            // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+            unsafe {
+                c.pre_exec(|| {
+                    let limit = libc::rlimit {
+                        rlim_cur: 256,
+                        rlim_max: 4096,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }),
+    )
+    .expect("spawn gearbox serve");
+    let pid = transport.id().expect("pid");
+    let session = Client::default()
+        .serve(transport)
+        .await
+        .expect("initialize");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("open files line");
+    let figures: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&figures[3..5], ["4096", "4096"], "{line}");
+    session.cancel().await.expect("close");
+}
+
 /// The parent pid and name of process `pid`.
 fn parent_and_name(pid: u32) -> Option<(u32, String)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
