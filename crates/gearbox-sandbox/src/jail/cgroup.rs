@@ -140,6 +140,7 @@ pub fn sweep_stale() -> usize {
 /// Remove the emptied run cgroups this process kept for later runs (a server that stops;
 /// what a killed server kept, the next one's [`sweep_stale`] removes).
 pub fn remove_spares() {
+    // Taken out first: removing waits for stragglers, which must not hold the lock.
     let spares = std::mem::take(&mut *SPARES.lock().unwrap_or_else(|p| p.into_inner()));
     drop(spares);
 }
@@ -176,10 +177,10 @@ impl V1Files {
         let (Some(memory), Some(pids)) = (&cg.memory, &cg.pids) else {
             return Err("a memory and a pids cgroup".into());
         };
-        let open = |dir: &Path, file: &str, write: bool| {
+        let open = |dir: &Path, file: &str, read: bool, write: bool| {
             let path = dir.join(file);
             fs::OpenOptions::new()
-                .read(!write || file.ends_with("max_usage_in_bytes"))
+                .read(read)
                 .write(write)
                 .open(&path)
                 .map_err(|e| format!("open {}: {e}", path.display()))
@@ -188,17 +189,22 @@ impl V1Files {
             procs: cg
                 .dirs
                 .iter()
-                .map(|d| open(d, "cgroup.procs", true))
+                .map(|d| open(d, "cgroup.procs", false, true))
                 .collect::<Result<_, _>>()?,
-            oom_control: open(memory, "memory.oom_control", false)?,
-            max_usage: open(memory, "memory.max_usage_in_bytes", true)?,
+            oom_control: open(memory, "memory.oom_control", true, false)?,
+            max_usage: open(memory, "memory.max_usage_in_bytes", true, true)?,
             memsw_max_usage: if cg.memsw {
-                Some(open(memory, "memory.memsw.max_usage_in_bytes", true)?)
+                Some(open(
+                    memory,
+                    "memory.memsw.max_usage_in_bytes",
+                    false,
+                    true,
+                )?)
             } else {
                 None
             },
-            usage: open(memory, "memory.usage_in_bytes", false)?,
-            pids_current: open(pids, "pids.current", false)?,
+            usage: open(memory, "memory.usage_in_bytes", true, false)?,
+            pids_current: open(pids, "pids.current", true, false)?,
         })
     }
 }
