@@ -15,6 +15,9 @@ use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
 use serde_json::{Value, json};
 
+#[path = "common/cgroups.rs"]
+mod cgroups;
+
 /// Records progress notifications.
 #[derive(Clone, Default)]
 struct Client {
@@ -529,42 +532,10 @@ fn parent_and_name(pid: u32) -> Option<(u32, String)> {
     Some((right.split_whitespace().nth(1)?.parse().ok()?, name))
 }
 
-/// The host directories of the gearbox cgroups process `pid` is in.
-fn gearbox_cgroups_of(pid: u32) -> Vec<PathBuf> {
-    let roots = gearbox_cgroup_roots();
-    let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let mut dirs = Vec::new();
-    for line in lines.lines() {
-        let Some(path) = line.splitn(3, ':').nth(2) else {
-            continue;
-        };
-        let Some(name) = path.strip_prefix("/gearbox/") else {
-            continue;
-        };
-        dirs.extend(roots.iter().map(|r| r.join(name)).filter(|d| d.exists()));
-    }
-    dirs.sort();
-    dirs.dedup();
-    dirs
-}
-
-/// The `gearbox` parent cgroup of each hierarchy gearbox uses.
-fn gearbox_cgroup_roots() -> Vec<PathBuf> {
-    match gearbox_sandbox::CgroupSupport::detect() {
-        gearbox_sandbox::CgroupSupport::V1 { memory, pids, .. } => [memory, pids]
-            .into_iter()
-            .flatten()
-            .map(|r| r.join("gearbox"))
-            .collect(),
-        gearbox_sandbox::CgroupSupport::V2 { root } => vec![root.join("gearbox")],
-        gearbox_sandbox::CgroupSupport::None { .. } => vec![],
-    }
-}
-
 /// Run cgroups created by process `pid` (named after it).
 fn run_cgroups_named_for(pid: u32) -> Vec<PathBuf> {
     let prefix = format!("run-{pid}-");
-    gearbox_cgroup_roots()
+    cgroups::gearbox_roots()
         .iter()
         .flat_map(|r| std::fs::read_dir(r).into_iter().flatten().flatten())
         .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
@@ -577,7 +548,7 @@ fn run_cgroups_named_for(pid: u32) -> Vec<PathBuf> {
 #[tokio::test]
 async fn a_server_that_stops_leaves_no_cgroup() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || gearbox_cgroup_roots().is_empty() {
+    if unsafe { libc::geteuid() } != 0 || cgroups::gearbox_roots().is_empty() {
         eprintln!("skipped: needs root and cgroups");
         return;
     }
@@ -615,7 +586,7 @@ async fn a_server_that_stops_leaves_no_cgroup() {
         if zygotes.len() >= 2 {
             break zygotes
                 .into_iter()
-                .flat_map(gearbox_cgroups_of)
+                .flat_map(cgroups::gearbox_cgroups_of)
                 .collect::<Vec<_>>();
         }
         assert!(

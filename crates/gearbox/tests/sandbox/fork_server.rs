@@ -429,7 +429,7 @@ async fn run_in_cgroup(
     let dirs = loop {
         let found = crate::support::host_processes_with(marker);
         if let Some(pid) = found.first().and_then(|p| p.split(':').next()) {
-            break run_cgroup_dirs(pid);
+            break crate::cgroups::gearbox_cgroups_of(pid.parse().expect("pid"));
         }
         assert!(
             t.elapsed() < Duration::from_secs(10),
@@ -524,38 +524,6 @@ async fn cgroups_of_finished_runs_are_reused_with_fresh_figures() {
             "{o:?}"
         );
     }
-}
-
-/// The host directories of the run cgroup that process `pid` is in.
-fn run_cgroup_dirs(pid: &str) -> Vec<std::path::PathBuf> {
-    let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let mut dirs = Vec::new();
-    for line in lines.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (
-            parts.next(),
-            parts.next().unwrap_or(""),
-            parts.next().unwrap_or(""),
-        );
-        if !path.contains("/run-") {
-            continue;
-        }
-        let rel = path.trim_start_matches('/');
-        match gearbox_sandbox::CgroupSupport::detect() {
-            gearbox_sandbox::CgroupSupport::V1 { memory, pids, .. } => {
-                for (name, root) in [("memory", memory), ("pids", pids)] {
-                    if let Some(root) = root
-                        && controllers.split(',').any(|c| c == name)
-                    {
-                        dirs.push(root.join(rel));
-                    }
-                }
-            }
-            gearbox_sandbox::CgroupSupport::V2 { root } => dirs.push(root.join(rel)),
-            gearbox_sandbox::CgroupSupport::None { .. } => {}
-        }
-    }
-    dirs
 }
 
 /// The pairs (program fd, fork server fd) that name the same open file, from the host

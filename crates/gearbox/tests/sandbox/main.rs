@@ -5,6 +5,10 @@
 //! Run it as root (cgroups in use) and as an unprivileged user (rlimits instead):
 //! `scripts/test-unprivileged.sh` re-runs this binary as `nobody`.
 
+// Shared with other test binaries, which use other parts of it.
+#[allow(dead_code)]
+#[path = "../common/cgroups.rs"]
+mod cgroups;
 mod escape;
 mod exec;
 mod fork_server;
