@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import json
 import os
 import re
@@ -193,6 +194,37 @@ async def high_level_client(gearbox: str) -> None:
         check("SIGTERM: exit 0", rc == 0, str(rc))
 
 
+def gearbox_cgroups(pid: int) -> set[str]:
+    """The host directories of the gearbox cgroups that process `pid` and its descendants are
+    in (the fork servers', the warm sandboxes'), and those named after `pid` (run cgroups the
+    server created, in use or kept for reuse)."""
+    children: dict[int, list[int]] = {}
+    for p in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(p))
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        tree.add(p)
+        todo.extend(children.get(p, []))
+    found = set()
+    for p in tree:
+        try:
+            lines = Path(f"/proc/{p}/cgroup").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            path = line.split(":", 2)[-1]
+            if path.startswith("/gearbox/"):
+                found.update(glob.glob(f"/sys/fs/cgroup/*{path}") + glob.glob(f"/sys/fs/cgroup{path}"))
+    found.update(glob.glob(f"/sys/fs/cgroup/*/gearbox/run-{pid}-*"))
+    found.update(glob.glob(f"/sys/fs/cgroup/gearbox/run-{pid}-*"))
+    return found
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gearbox", default=str(ROOT / "target" / "debug" / "gearbox"))
@@ -205,9 +237,16 @@ async def main() -> int:
             except Exception as e:  # a crash in a group is one failure, the others still run
                 check(f"{group.__name__} completed", False, repr(e))
     finally:
+        cgroups = gearbox_cgroups(d.proc.pid) if os.geteuid() == 0 else set()
         t = time.monotonic()
         rc = d.stop()
         check("SIGTERM: exit 0 within 10 s", rc == 0 and time.monotonic() - t < 10, str(rc))
+    if os.geteuid() == 0:
+        # The fork servers ended and removed their cgroups; the run cgroups kept are gone.
+        check("while serving: fork server and run cgroups found", len(cgroups) > 0, str(cgroups))
+        time.sleep(0.5)
+        left = sorted(c for c in cgroups | gearbox_cgroups(d.proc.pid) if os.path.exists(c))
+        check("SIGTERM: no cgroup left behind", not left, str(left))
     try:
         await high_level_client(opts.gearbox)
     except Exception as e:

@@ -364,16 +364,35 @@ impl WarmPool {
     }
 
     /// Stop for good (the server is leaving): drop every warm sandbox, build no more, and
-    /// stop the fork servers, waiting up to `grace` for their helpers to end (each removes
-    /// its fork server's cgroup on the way out; one still running then is killed).
+    /// stop the fork servers, waiting up to `grace` for the helpers to end, each removing its
+    /// cgroup on the way out (one still running then is killed).
     pub async fn stop(&self, grace: std::time::Duration) {
         self.stopped.store(true, Ordering::Relaxed);
-        let dropped: Vec<Warm> = self
+        let deadline = Instant::now() + grace;
+        let ready: Vec<Warm> = self
             .slots()
             .values_mut()
             .flat_map(|slot| slot.ready.drain(..))
             .collect();
-        drop(dropped);
+        // A fork server's slot is killed, and its cgroup released, when dropped. A helper-built
+        // sandbox ends once its hand-over pipe closes, and its helper removes its cgroup; a
+        // helper killed instead (as dropping it does) could not.
+        let mut helpers = Vec::new();
+        for warm in ready {
+            match warm {
+                Warm::Forked(slot) => drop(slot),
+                Warm::Helper(Spawned {
+                    child,
+                    stdin,
+                    stdout,
+                    stderr,
+                    report,
+                }) => {
+                    drop(stdin);
+                    helpers.push((child, (stdout, stderr, report)));
+                }
+            }
+        }
         let zygotes: Vec<Arc<Zygote>> = self
             .fork_servers
             .lock()
@@ -381,12 +400,16 @@ impl WarmPool {
             .drain()
             .filter_map(|(_, server)| server.zygote)
             .collect();
-        let deadline = Instant::now() + grace;
         for z in &zygotes {
             z.stop();
         }
         for z in &zygotes {
             z.wait_until(deadline).await;
+        }
+        for (mut child, pipes) in helpers {
+            let until = tokio::time::Instant::from_std(deadline);
+            let _ = tokio::time::timeout_at(until, child.wait()).await;
+            drop(pipes);
         }
     }
 

@@ -543,8 +543,8 @@ fn run_cgroups_named_for(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
-/// A server whose client leaves ends its fork servers and leaves no cgroup behind: neither
-/// theirs nor the run cgroups it kept for later runs.
+/// A server whose client leaves ends its fork servers and its helper-built warm sandboxes
+/// and leaves no cgroup behind: neither theirs nor the run cgroups it kept for later runs.
 #[tokio::test]
 async fn a_server_that_stops_leaves_no_cgroup() {
     // SAFETY: geteuid has no preconditions.
@@ -553,7 +553,11 @@ async fn a_server_that_stops_leaves_no_cgroup() {
         return;
     }
     let s = start(&[]).await;
-    for (language, code) in [("python", "print(1)"), ("javascript", "console.log(1)")] {
+    for (language, code) in [
+        ("python", "print(1)"),
+        ("javascript", "console.log(1)"),
+        ("bash", "echo 1"),
+    ] {
         for _ in 0..3 {
             let r = call(
                 &s,
@@ -574,29 +578,42 @@ async fn a_server_that_stops_leaves_no_cgroup() {
         }
         false
     };
-    let t = Instant::now();
-    let zygote_dirs = loop {
-        let zygotes: Vec<u32> = std::fs::read_dir("/proc")
+    let descendants = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
             .into_iter()
             .flatten()
             .flatten()
             .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-            .filter(|&p| parent_and_name(p).is_some_and(|(_, n)| n == "gb-zygote") && descends(p))
+            .filter(|&p| descends(p))
+            .collect()
+    };
+    // The cgroups of every process below the server and of the server's own runs, once the
+    // two fork servers' and the Bash warm sandbox's are among them (each helper's cgroup is
+    // named after the helper).
+    let prefix = format!("run-{}-", s.pid);
+    let t = Instant::now();
+    let dirs = loop {
+        let mut dirs: Vec<PathBuf> = descendants()
+            .into_iter()
+            .flat_map(cgroups::gearbox_cgroups_of)
+            .chain(run_cgroups_named_for(s.pid))
             .collect();
-        if zygotes.len() >= 2 {
-            break zygotes
-                .into_iter()
-                .flat_map(cgroups::gearbox_cgroups_of)
-                .collect::<Vec<_>>();
+        dirs.sort();
+        dirs.dedup();
+        let mut names: Vec<String> = dirs
+            .iter()
+            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        names.sort();
+        names.dedup();
+        let (runs, helpers): (Vec<&String>, Vec<&String>) =
+            names.iter().partition(|n| n.starts_with(&prefix));
+        if helpers.len() >= 3 && !runs.is_empty() {
+            break dirs;
         }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "fork servers: {zygotes:?}"
-        );
+        assert!(t.elapsed() < Duration::from_secs(20), "{dirs:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(!zygote_dirs.is_empty());
-    assert!(!run_cgroups_named_for(s.pid).is_empty());
     let pid = s.pid;
     s.session.cancel().await.expect("close the session");
     let t = Instant::now();
@@ -607,7 +624,7 @@ async fn a_server_that_stops_leaves_no_cgroup() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let left: Vec<PathBuf> = zygote_dirs
+    let left: Vec<PathBuf> = dirs
         .iter()
         .filter(|d| d.exists())
         .cloned()
