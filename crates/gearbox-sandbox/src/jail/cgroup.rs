@@ -326,8 +326,8 @@ impl Cgroup {
     }
 
     /// The run is over (its pid 1 was killed): keep this cgroup for the next run with the
-    /// same limits if it empties in time and is clean — no process left, no OOM kill, next to
-    /// no memory still charged — with its peak reset; remove it otherwise. Only v1 cgroups
+    /// same limits if it empties in time and is clean — no process left and next to no memory
+    /// still charged within 250 ms, no OOM kill — with its peak reset; remove it otherwise. Only v1 cgroups
     /// are kept (v2's `memory.peak` resets per open file). Blocking: it may wait a little for
     /// the run's processes to leave.
     pub fn release(mut self) {
@@ -350,19 +350,22 @@ impl Cgroup {
             return false;
         };
         // pids.current counts every task of the run until it is reaped; the memory cgroup
-        // holds the same tasks (both were joined by the run's pid 1, before it forked).
-        let mut empty = false;
-        for _ in 0..25 {
-            if read_file_u64(&files.pids_current) == Some(0) {
-                empty = true;
+        // holds the same tasks (both were joined by the run's pid 1, before it forked). What
+        // the run's processes held is uncharged as they go, some of it after an RCU grace
+        // period: on a loaded machine both take a while.
+        let deadline = std::time::Instant::now() + Duration::from_millis(250);
+        loop {
+            if read_file_u64(&files.pids_current) == Some(0)
+                && read_file_u64(&files.usage).is_some_and(|u| u <= max_residue())
+            {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(2));
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        if !empty || self.oom_killed() {
-            return false;
-        }
-        if read_file_u64(&files.usage).is_none_or(|u| u > max_residue()) {
+        if self.oom_killed() {
             return false;
         }
         // Writing 0 sets the peak to the current usage.
