@@ -216,9 +216,9 @@ impl Zygote {
         while self.alive() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let mut child = self.helper.lock().unwrap_or_else(|p| p.into_inner());
-        if matches!(child.try_wait(), Ok(None)) {
+        if self.alive() {
             tracing::warn!("a fork server did not stop in time; killing it");
+            let mut child = self.helper.lock().unwrap_or_else(|p| p.into_inner());
             let _ = child.start_kill();
         }
     }
