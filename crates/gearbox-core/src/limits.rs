@@ -67,6 +67,17 @@ impl Limits {
         }
     }
 
+    /// The program's CPU-time rlimit in whole seconds. An explicit `cpu_ms` is what was asked
+    /// (rounded up); without one, the wall clock is the limit and the rlimit only a backstop a
+    /// second beyond it, so that a run that runs out of time is always reported as a timeout.
+    pub fn cpu_rlimit_secs(&self) -> u64 {
+        if self.cpu_ms == 0 {
+            self.timeout_ms.div_ceil(1000) + 1
+        } else {
+            self.cpu_ms.div_ceil(1000).max(1)
+        }
+    }
+
     /// Apply a call's overrides. An override may only lower a limit; a higher value is an
     /// error naming the field, never silently clamped.
     pub fn lowered_by(&self, o: &LimitOverrides) -> Result<Limits, String> {

@@ -46,9 +46,15 @@ impl std::fmt::Display for Status {
 pub struct ResourceUsage {
     /// User plus system CPU time of the program and the descendants it waited for, in ms.
     pub cpu_time_ms: Option<u64>,
-    /// Peak memory in KiB: the cgroup's high-water mark where cgroups are in use, else the
-    /// largest resident set of a single process.
+    /// Peak memory in KiB of the whole run: the cgroup's high-water mark, or, where
+    /// `memory_limit` is `sampled`, the highest of the samples.
     pub peak_memory_kb: Option<u64>,
+    /// How `memory_mb` was held: `cgroup` (the kernel bounds the whole run), `sampled` (no
+    /// cgroup on this host: the run's memory is measured every 10 ms and the run killed past
+    /// the limit, see docs/SECURITY.md), `per_process` (rlimits on each process only),
+    /// `wasm` (the WebAssembly instance's memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<String>,
     /// Time spent building the sandbox before the program started, in microseconds.
     pub setup_us: Option<u64>,
 }

@@ -284,6 +284,7 @@ impl DockerSandbox {
             duration_ms,
             usage: ResourceUsage {
                 setup_us: Some(setup_us),
+                memory_limit: Some("cgroup".into()),
                 ..Default::default()
             },
             reason: None,

@@ -55,8 +55,10 @@ pub struct Config {
     /// (count). A run whose language, environment and limits match the defaults takes one
     /// (Python and JavaScript interpreters are already started); others start cold. The pool
     /// grows on misses up to 8 per language. Default `{ python = 1, javascript = 1,
-    /// bash = 1 }`; `{}` disables it. `gearbox run` never uses it.
-    pub pool: BTreeMap<String, usize>,
+    /// bash = 1 }`; `{}` disables it. `gearbox run` never uses it. Also how long a fork
+    /// server may serve before a fresh one replaces it (`fork_server_max_runs`,
+    /// `fork_server_max_age_secs`).
+    pub pool: PoolConfig,
     /// The `docker` backend: engine address, and per language the image (which must exist:
     /// gearbox never pulls), command (`{entrypoint}` replaced) and workdir. Default: the
     /// local engine's socket and `python` in `gearbox/python:bookworm`.
@@ -74,6 +76,20 @@ pub struct Config {
     pub approvals: ApprovalsConfig,
     /// Sessions (`sessions` profile): workspaces whose files persist across runs.
     pub sessions: SessionsConfig,
+    /// `[sandbox]`: what the host must enforce for a run to start.
+    pub sandbox: SandboxConfig,
+}
+
+/// `[sandbox]`: what a host must enforce before a run starts on it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// Refuse runs where the kernel cannot bound each run as a whole: the `linux` backend
+    /// without a cgroup per run (not root, or no writable cgroups: memory is then sampled,
+    /// CPU time bounded per process; `gearbox doctor` says which) and the `process` backend.
+    /// Default false: such hosts run with the weaker limits, and each outcome says how
+    /// memory was held (`usage.memory_limit`).
+    pub require_limits: bool,
 }
 
 /// Session workspaces: where they live, how long an idle one lasts, how big one may get.
@@ -382,21 +398,91 @@ impl Default for Config {
             concurrency: ConcurrencyConfig::default(),
             http: HttpConfig::default(),
             audit: AuditConfig::default(),
-            pool: default_pool(),
+            pool: PoolConfig::default(),
             docker: gearbox_docker::DockerConfig::default(),
             packages: Default::default(),
             gear: Gear::default(),
             approvals: ApprovalsConfig::default(),
             sessions: SessionsConfig::default(),
+            sandbox: SandboxConfig::default(),
         }
     }
 }
 
-fn default_pool() -> BTreeMap<String, usize> {
-    [("python", 1), ("javascript", 1), ("bash", 1)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
+/// `[pool]`: warm sandboxes per language, and the life of a fork server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(from = "RawPoolConfig")]
+pub struct PoolConfig {
+    /// Runs one fork server serves before a fresh one replaces it (off the request path).
+    /// What a fork cannot renew — the interpreter's hash seed, the address layout — is shared
+    /// by the runs of one fork server only (docs/SECURITY.md). Default 1000.
+    pub fork_server_max_runs: u64,
+    /// Seconds a fork server serves before a fresh one replaces it. Default 600.
+    pub fork_server_max_age_secs: u64,
+    /// Warm sandboxes per language (`python = 2`).
+    #[serde(flatten)]
+    pub languages: BTreeMap<String, usize>,
+}
+
+/// `[pool]` as written: languages listed replace the default ones; a table that sets only
+/// the fork servers' life keeps the default languages; an empty one (`pool = {}`) turns the
+/// pool off.
+#[derive(Deserialize, JsonSchema)]
+struct RawPoolConfig {
+    /// Runs one fork server serves before a fresh one replaces it (off the request path).
+    /// What a fork cannot renew — the interpreter's hash seed, the address layout — is shared
+    /// by the runs of one fork server only (docs/SECURITY.md). Default 1000.
+    fork_server_max_runs: Option<u64>,
+    /// Seconds a fork server serves before a fresh one replaces it. Default 600.
+    fork_server_max_age_secs: Option<u64>,
+    /// Warm sandboxes per language (`python = 2`). Default `python = 1, javascript = 1,
+    /// bash = 1`.
+    #[serde(flatten)]
+    languages: BTreeMap<String, usize>,
+}
+
+impl From<RawPoolConfig> for PoolConfig {
+    fn from(raw: RawPoolConfig) -> Self {
+        let default = PoolConfig::default();
+        let life_only =
+            raw.fork_server_max_runs.is_some() || raw.fork_server_max_age_secs.is_some();
+        PoolConfig {
+            fork_server_max_runs: raw
+                .fork_server_max_runs
+                .unwrap_or(default.fork_server_max_runs),
+            fork_server_max_age_secs: raw
+                .fork_server_max_age_secs
+                .unwrap_or(default.fork_server_max_age_secs),
+            languages: if raw.languages.is_empty() && life_only {
+                default.languages
+            } else {
+                raw.languages
+            },
+        }
+    }
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            fork_server_max_runs: 1000,
+            fork_server_max_age_secs: 600,
+            languages: [("python", 1), ("javascript", 1), ("bash", 1)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// The default fork-server life with exactly these warm sandboxes.
+    pub fn only(languages: impl IntoIterator<Item = (String, usize)>) -> PoolConfig {
+        PoolConfig {
+            languages: languages.into_iter().collect(),
+            ..PoolConfig::default()
+        }
+    }
 }
 
 impl Config {
@@ -434,6 +520,27 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_languages_replace_the_defaults_and_life_keys_keep_them() {
+        let parse = |t: &str| Config::from_toml(Path::new("x.toml"), t).expect(t).pool;
+        let only = parse("[pool]\npython = 2\n");
+        assert_eq!(only.languages.len(), 1);
+        assert_eq!(only.languages["python"], 2);
+        assert_eq!(only.fork_server_max_runs, 1000);
+        let life = parse("[pool]\nfork_server_max_runs = 5\nfork_server_max_age_secs = 9\n");
+        assert_eq!(life.languages, PoolConfig::default().languages);
+        assert_eq!(
+            (life.fork_server_max_runs, life.fork_server_max_age_secs),
+            (5, 9)
+        );
+        assert!(parse("pool = {}\n").languages.is_empty());
+        assert!(Config::from_toml(Path::new("x.toml"), "[pool]\npython = -1\n").is_err());
+        let sandbox = Config::from_toml(Path::new("x.toml"), "[sandbox]\nrequire_limits = true\n")
+            .expect("parses");
+        assert!(sandbox.sandbox.require_limits);
+        assert!(Config::from_toml(Path::new("x.toml"), "[sandbox]\nrequire = true\n").is_err());
+    }
 
     #[test]
     fn empty_file_gives_defaults() {

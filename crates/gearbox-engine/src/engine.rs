@@ -79,7 +79,14 @@ impl Engine {
             if self.config.backend != BackendKind::Linux {
                 return;
             }
-            for (language, &count) in &self.config.pool {
+            self.pool
+                .set_fork_server_life(gearbox_sandbox::ForkServerLife {
+                    max_runs: self.config.pool.fork_server_max_runs.max(1),
+                    max_age: std::time::Duration::from_secs(
+                        self.config.pool.fork_server_max_age_secs.max(1),
+                    ),
+                });
+            for (language, &count) in &self.config.pool.languages {
                 if count == 0 {
                     continue;
                 }
@@ -104,9 +111,33 @@ impl Engine {
         self.pool.stop(std::time::Duration::from_secs(2)).await;
     }
 
+    /// Why a run on `kind` must be refused under `[sandbox] require_limits`: the host cannot
+    /// bound a run as a whole there. `None` when it can, or when the setting is off.
+    pub fn unenforced_limits(&self, kind: BackendKind) -> Option<String> {
+        if !self.config.sandbox.require_limits {
+            return None;
+        }
+        let why = match kind {
+            BackendKind::Linux => gearbox_sandbox::unenforced_limits()
+                .map(|w| format!("no cgroup per run on this host: cgroups {w}"))?,
+            BackendKind::Process => "the process backend bounds no run as a whole".into(),
+            _ => return None,
+        };
+        Some(format!(
+            "[sandbox] require_limits: {why}; runs here would have sampled or per-process \
+             limits only (gearbox doctor)"
+        ))
+    }
+
     /// Warm pool counters per language.
     pub fn pool_stats(&self) -> Vec<PoolStats> {
         self.pool.stats()
+    }
+
+    /// Fork servers replaced by fresh ones after `[pool] fork_server_max_runs` runs or
+    /// `fork_server_max_age_secs`.
+    pub fn fork_servers_retired(&self) -> u64 {
+        self.pool.fork_servers_retired()
     }
 
     pub fn config(&self) -> &Config {
@@ -154,6 +185,9 @@ impl Engine {
                 format!("backend {kind} is not available in this build"),
             );
         };
+        if let Some(why) = self.unenforced_limits(kind) {
+            return Outcome::denied(&lang, kind.as_str(), why);
+        }
         let resolved = match self.resolve(&lang) {
             Ok(r) => r,
             Err(e) => match (kind, self.languages.get(&lang)) {
@@ -213,6 +247,9 @@ impl Engine {
             let reason = format!("backend {kind} is not available in this build");
             return (Outcome::failed_to_start(&lang, kind.as_str(), reason), None);
         };
+        if let Some(why) = self.unenforced_limits(kind) {
+            return (Outcome::denied(&lang, kind.as_str(), why), None);
+        }
         let resolved = match self.resolve(&lang) {
             Ok(r) => r,
             Err(e) => return (Outcome::failed_to_start(&lang, kind.as_str(), e), None),

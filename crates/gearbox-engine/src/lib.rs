@@ -10,7 +10,7 @@ mod engine;
 mod lazy;
 mod packages;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, PoolConfig, SandboxConfig};
 pub use engine::{Engine, LanguageInfo};
 pub use gearbox_packages;
 pub use gearbox_sandbox::PoolStats;

@@ -298,6 +298,7 @@ pub(crate) async fn run_warm(
         env: job.env.clone(),
         files: file_list(&job),
         limits: None,
+        cpu_s: None,
     };
     let header = encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?;
     let mut job = job;
@@ -445,6 +446,14 @@ pub(crate) fn build_outcome(
             cpu_time_ms: report.cpu_time_ms,
             peak_memory_kb: report.peak_memory_kb,
             setup_us: Some(report.setup_us),
+            memory_limit: Some(
+                match (mode, report.memory_sampled) {
+                    (Mode::Process, _) => "per_process",
+                    (Mode::Linux, true) => "sampled",
+                    (Mode::Linux, false) => "cgroup",
+                }
+                .into(),
+            ),
         },
         reason,
         language: job.language.clone(),
@@ -472,24 +481,35 @@ fn classify(r: &JailReport, limits: &gearbox_core::Limits) -> (Status, Option<St
     }
     let failed = r.exit_code != Some(0);
     if r.oom_killed && failed {
+        let how = if r.memory_sampled {
+            " (measured by sampling: this host gives the sandbox no memory cgroup)"
+        } else {
+            ""
+        };
         return (
             Status::Killed,
-            Some(format!("memory limit of {} MiB exceeded", limits.memory_mb)),
+            Some(format!(
+                "memory limit of {} MiB exceeded{how}",
+                limits.memory_mb
+            )),
         );
     }
-    let cpu_limit = limits.effective_cpu_ms();
-    match r.signal {
-        Some(libc::SIGXCPU) => {
-            return (
-                Status::Killed,
-                Some(format!("CPU time limit of {cpu_limit} ms exceeded")),
-            );
+    // The CPU time the program could use: what was asked, or (no `cpu_ms`) the backstop a
+    // second beyond the wall clock, which only a program on several threads reaches first.
+    let cpu_limit = limits.cpu_rlimit_secs() * 1000;
+    let cpu_reason = || {
+        if limits.cpu_ms == 0 {
+            format!(
+                "CPU time limit of {cpu_limit} ms (the wall-clock limit plus a second) exceeded"
+            )
+        } else {
+            format!("CPU time limit of {} ms exceeded", limits.cpu_ms)
         }
+    };
+    match r.signal {
+        Some(libc::SIGXCPU) => return (Status::Killed, Some(cpu_reason())),
         Some(libc::SIGKILL) if r.cpu_time_ms.is_some_and(|c| c + 50 >= cpu_limit) => {
-            return (
-                Status::Killed,
-                Some(format!("CPU time limit of {cpu_limit} ms exceeded")),
-            );
+            return (Status::Killed, Some(cpu_reason()));
         }
         Some(libc::SIGXFSZ) => {
             return (

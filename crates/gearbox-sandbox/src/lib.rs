@@ -17,7 +17,8 @@ mod zygote;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};
 pub use jail::{CgroupSupport, remove_spare_cgroups};
-pub use pool::{PoolStats, WarmPool};
+pub use pool::{ForkServerLife, PoolStats, WarmPool};
+pub use probe::unenforced_limits;
 
 /// Entry point of the `__jail` helper. Never returns.
 pub fn jail_main() -> ! {

@@ -12,7 +12,11 @@
 //! Where the language has a fork server (`zygote.rs`: Python, Node) and the host gives per-run
 //! cgroups, a warm sandbox is a slot forked from the key's fork server instead of a whole
 //! helper: a few forks instead of two process starts and an interpreter start. A fork server
-//! that fails three times in a row is given up for helper-built sandboxes.
+//! that fails three times in a row is given up for helper-built sandboxes. A fork server
+//! serves at most [`ForkServerLife::max_runs`] runs and lives at most
+//! [`ForkServerLife::max_age`]: then a fresh one takes over for the next slot, and the old one
+//! is stopped once no slot or run of its own is left (what a fork cannot renew, such as the
+//! interpreter's hash seed, is thus shared by a bounded number of runs).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -55,6 +59,24 @@ impl Warm {
 struct ForkServer {
     zygote: Option<Arc<Zygote>>,
     failures: u32,
+}
+
+/// How long one fork server serves before a fresh one replaces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkServerLife {
+    /// Slots it builds.
+    pub max_runs: u64,
+    /// Time since it started.
+    pub max_age: std::time::Duration,
+}
+
+impl Default for ForkServerLife {
+    fn default() -> Self {
+        ForkServerLife {
+            max_runs: 1000,
+            max_age: std::time::Duration::from_secs(600),
+        }
+    }
 }
 
 /// Most warm sandboxes one key may hold, whatever the demand.
@@ -129,6 +151,9 @@ pub struct WarmPool {
     spawned: AtomicU64,
     /// [`WarmPool::stop`] was called: nothing more is built.
     stopped: AtomicBool,
+    life: Mutex<ForkServerLife>,
+    /// Fork servers replaced by fresh ones: each is stopped once its last slot is gone.
+    retired: AtomicU64,
 }
 
 impl WarmPool {
@@ -140,7 +165,19 @@ impl WarmPool {
             filled: tokio::sync::Notify::new(),
             spawned: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
+            life: Mutex::new(ForkServerLife::default()),
+            retired: AtomicU64::new(0),
         })
+    }
+
+    /// How long each fork server serves (applies to fork servers started from now on).
+    pub fn set_fork_server_life(&self, life: ForkServerLife) {
+        *self.life.lock().unwrap_or_else(|p| p.into_inner()) = life;
+    }
+
+    /// Fork servers replaced so far because they reached their [`ForkServerLife`].
+    pub fn fork_servers_retired(&self) -> u64 {
+        self.retired.load(Ordering::Relaxed)
     }
 
     fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
@@ -324,6 +361,16 @@ impl WarmPool {
         let zygote = {
             let mut servers = self.fork_servers.lock().await;
             let server = servers.entry(k.to_string()).or_default();
+            let life = *self.life.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(z) = &server.zygote
+                && z.alive()
+                && z.exhausted(life)
+            {
+                // Taken out of service now; stopped once its slots and runs are over.
+                let old = server.zygote.take().expect("checked above");
+                self.retired.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(Zygote::retire(old));
+            }
             match &server.zygote {
                 Some(z) if z.alive() => Arc::clone(z),
                 _ if self.stopped.load(Ordering::Relaxed) => {

@@ -65,15 +65,13 @@ pub fn probe(helper: &Path, mode: Mode) -> BackendReport {
         }
     };
     if mode == Mode::Linux {
-        let root = nix::unistd::Uid::current().is_root();
-        match CgroupSupport::detect() {
-            _ if !root => details.push(
-                "cgroups: not used (not root): memory capped by RLIMIT_DATA, processes by RLIMIT_NPROC".into(),
-            ),
-            CgroupSupport::None { why } => details.push(format!(
-                "cgroups: unavailable ({why}): memory capped by RLIMIT_DATA, processes by RLIMIT_NPROC"
-            )),
-            _ => {}
+        if let Some(why) = unenforced_limits() {
+            details.push(format!(
+                "cgroups: {why}: the memory of the whole run is sampled every 10 ms and the run \
+                 killed past memory_mb, memfd and SysV shared memory refused, processes capped by \
+                 RLIMIT_NPROC, CPU time by RLIMIT_CPU per process (`[sandbox] require_limits` \
+                 refuses runs here)"
+            ));
         }
     } else {
         details.push(
@@ -86,5 +84,17 @@ pub fn probe(helper: &Path, mode: Mode) -> BackendReport {
         backend,
         available,
         details,
+    }
+}
+
+/// Why the `linux` backend cannot give runs kernel-enforced whole-run limits (a cgroup per
+/// run) on this host, or `None` when it can.
+pub fn unenforced_limits() -> Option<String> {
+    if !nix::unistd::Uid::current().is_root() {
+        return Some("not used (not root)".into());
+    }
+    match CgroupSupport::detect() {
+        CgroupSupport::None { why } => Some(format!("unavailable ({why})")),
+        _ => None,
     }
 }

@@ -83,6 +83,10 @@ pub struct HandOver {
     /// output cap itself.
     #[serde(default)]
     pub limits: Option<Limits>,
+    /// The program's CPU-time rlimit in seconds (`Limits::cpu_rlimit_secs`), for a fork
+    /// server's program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_s: Option<u64>,
 }
 
 /// Encode a hand-over header.
@@ -148,8 +152,13 @@ pub struct JailReport {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub timed_out: bool,
-    /// The memory cgroup killed a process of the run.
+    /// The memory cgroup killed a process of the run, or (no cgroup) the helper stopped the
+    /// run because its sampled memory passed the limit.
     pub oom_killed: bool,
+    /// No memory cgroup: the helper measured the run's memory by sampling
+    /// (`jail/memwatch.rs`), and the peak is the sampled one.
+    #[serde(default)]
+    pub memory_sampled: bool,
     pub cpu_time_ms: Option<u64>,
     pub peak_memory_kb: Option<u64>,
     /// From hand-over to exit.

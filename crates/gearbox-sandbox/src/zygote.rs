@@ -5,8 +5,8 @@
 //! builds the root and starts `launchers/python_zygote.py` or `launchers/node_zygote.js`,
 //! with the Landlock ruleset on fd 3
 //! and a `SOCK_SEQPACKET` control socket on fd 4). For each slot the server sends one packet
-//! with five fds: the slot's own control socket, the program's stdin, stdout and stderr
-//! pipes, and the done pipe on which the program says how it ended. The zygote clones the
+//! with four fds: the slot's own control socket and the program's stdin, stdout and stderr
+//! pipes. The zygote clones the
 //! run's pid 1 straight into fresh mount, network, IPC, UTS and pid namespaces; once in its
 //! own cgroup it takes a cgroup namespace, scratch tmpfs and /proc, and forks the program,
 //! which restricts itself exactly as the cold path's program does (setsid, rlimits, every
@@ -20,7 +20,12 @@
 //! (`SO_PASSCRED`), translated into the server's pid namespace. The server puts the slot in
 //! a cgroup of its own before it builds anything (`hello` → `go`), keeps a pidfd to the
 //! run's pid 1 (killing it kills every process of the run), and counts the run's time from
-//! the program's `started`.
+//! the program's `started` (sent before any of the run's code runs) to init's `exited`.
+//! How the run ended comes from its supervisors only: the exit status from init's wait
+//! status, CPU time and peak memory from the run's cgroup (init's rusage of its children
+//! where the cgroup has no CPU figure), the duration from the server's clock. The program
+//! holds no descriptor through which it could say otherwise: it closes its end of the
+//! control socket before its code runs.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -125,6 +130,9 @@ pub(crate) struct Zygote {
     limits: Limits,
     /// Set by [`Zygote::stop`]: its end is expected, not a failure.
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// Slots asked for so far, and when it started (see [`crate::ForkServerLife`]).
+    served: std::sync::atomic::AtomicU64,
+    born: Instant,
 }
 
 impl Zygote {
@@ -194,7 +202,27 @@ impl Zygote {
             helper: Mutex::new(child),
             limits: template.limits,
             stopping,
+            served: std::sync::atomic::AtomicU64::new(0),
+            born: Instant::now(),
         }))
+    }
+
+    /// Whether it has served its [`crate::ForkServerLife`]: a fresh one takes its place.
+    pub fn exhausted(&self, life: crate::ForkServerLife) -> bool {
+        self.served.load(std::sync::atomic::Ordering::Relaxed) >= life.max_runs
+            || self.born.elapsed() >= life.max_age
+    }
+
+    /// Stop a fork server taken out of service once nothing of it is left: no slot waiting
+    /// in the pool and no run (a run's sandbox lives inside its fork server's).
+    pub async fn retire(server: Arc<Zygote>) {
+        while Arc::strong_count(&server) > 1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        server.stop();
+        server
+            .wait_until(Instant::now() + Duration::from_secs(2))
+            .await;
     }
 
     pub fn alive(&self) -> bool {
@@ -224,7 +252,9 @@ impl Zygote {
     }
 
     /// Ask for one single-use sandbox and wait until its program is restricted and waits.
-    pub async fn slot(&self) -> Result<Slot, SandboxError> {
+    pub async fn slot(self: &Arc<Self>) -> Result<Slot, SandboxError> {
+        self.served
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let setup = |step: &str, e: String| SandboxError::Setup {
             step: step.to_string(),
             message: e,
@@ -246,7 +276,6 @@ impl Zygote {
         let (stdin_r, stdin_w) = pipe()?;
         let (stdout_r, stdout_w) = pipe()?;
         let (stderr_r, stderr_w) = pipe()?;
-        let (done_r, done_w) = pipe()?;
         {
             let control = self.control.lock().unwrap_or_else(|p| p.into_inner());
             let fds = [
@@ -254,7 +283,6 @@ impl Zygote {
                 stdin_r.as_raw_fd(),
                 stdout_w.as_raw_fd(),
                 stderr_w.as_raw_fd(),
-                done_w.as_raw_fd(),
             ];
             sendmsg::<()>(
                 control.as_raw_fd(),
@@ -265,13 +293,19 @@ impl Zygote {
             )
             .map_err(|e| setup("ask fork server", e.to_string()))?;
         }
-        drop((theirs, stdin_r, stdout_w, stderr_w, done_w));
+        drop((theirs, stdin_r, stdout_w, stderr_w));
         // SAFETY: `chan` is an open socket owned by the AsyncFd for its whole life.
         let chan = unsafe { AsyncFd::register(chan) }.map_err(|e| SandboxError::Spawn(e.into()))?;
         let deadline = tokio::time::Instant::now() + BUILD_TIMEOUT;
         let (msg, pid) = next_built(&chan, deadline).await?;
         let Ok(SlotMsg::Hello) = serde_json::from_slice(&msg) else {
-            return Err(setup("build slot", "unexpected first message".into()));
+            return Err(setup(
+                "build slot",
+                format!(
+                    "unexpected first message: {}",
+                    String::from_utf8_lossy(&msg)
+                ),
+            ));
         };
         let pid = pid.ok_or_else(|| setup("build slot", "no sender credentials".into()))?;
         let limits = self.limits;
@@ -309,20 +343,20 @@ impl Zygote {
             }
         }
         enforced.push(
-            "namespaces: user (shared by the fork server's runs), mount, pid, net (loopback \
-             only), ipc, uts, cgroup: fresh per run"
-                .into(),
+            "namespaces: user, mount, pid, net (loopback only), ipc, uts, cgroup: fresh per \
+             run"
+            .into(),
         );
         // Registered with the runtime now, so that a run's first write and reads do not wait
         // for the reactor to learn the pipes' readiness.
         let spawn = SandboxError::Spawn;
         Ok(Slot {
+            server: Arc::clone(self),
             chan,
             guard,
             stdin: tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(spawn)?,
             stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(spawn)?,
             stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(spawn)?,
-            done: tokio::net::unix::pipe::Receiver::from_owned_fd(done_r).map_err(spawn)?,
             program,
             enforced,
         })
@@ -331,49 +365,20 @@ impl Zygote {
 
 /// One built, waiting, single-use sandbox of a fork server.
 pub(crate) struct Slot {
+    /// The fork server it came from, which must outlive it (see [`Zygote::retire`]).
+    server: Arc<Zygote>,
     chan: AsyncFd<OwnedFd>,
     guard: RunGuard,
     stdin: tokio::net::unix::pipe::Sender,
     stdout: tokio::net::unix::pipe::Receiver,
     stderr: tokio::net::unix::pipe::Receiver,
-    /// How the program says it ended, written just before its process is torn down (which
-    /// takes a millisecond or more for a fork of the interpreter): the answer does not wait
-    /// for that, nor for the run's init. Any other end (a signal, an exec'd program) comes
-    /// from init's `exited`, from the wait status.
-    done: tokio::net::unix::pipe::Receiver,
     /// The program's pid (in the server's pid namespace) and a pidfd that tells whether that
     /// pid is still the program.
     program: Option<(i32, OwnedFd)>,
     enforced: Vec<String>,
 }
 
-/// What a program that ran to its end writes on its done pipe.
-#[derive(Debug, serde::Deserialize)]
-struct Done {
-    code: i32,
-    cpu_time_ms: u64,
-    max_rss_kb: u64,
-}
-
-/// The program's [`Done`], or `None` when the pipe closed or held something else (the pipe
-/// is the program's to write: a program that writes to it only ends its own run early).
-async fn read_done(mut done: tokio::net::unix::pipe::Receiver) -> Option<Done> {
-    use tokio::io::AsyncReadExt;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 512];
-    loop {
-        let n = done.read(&mut chunk).await.ok().filter(|&n| n > 0)?;
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > 4096 {
-            return None;
-        }
-        if let Ok(d) = serde_json::from_slice::<Done>(&buf) {
-            return Some(d);
-        }
-    }
-}
-
-/// Record how the program ended (from its done pipe or from init's `exited`).
+/// Record how the program ended, as init's `exited` says.
 fn ended(
     report: &mut JailReport,
     started: Option<Instant>,
@@ -456,18 +461,19 @@ impl Slot {
                 .map(|f| (f.path.clone(), f.content.len() as u64))
                 .collect(),
             limits: Some(job.limits),
+            cpu_s: Some(job.limits.cpu_rlimit_secs()),
         };
         let header =
             encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?;
         let mut job = job;
         let payload = take_payload(vec![header], &mut job);
         let Slot {
+            server,
             chan,
             guard,
             mut stdin,
             stdout,
             stderr,
-            done,
             program,
             enforced,
         } = self;
@@ -512,42 +518,12 @@ impl Slot {
                 ..JailReport::default()
             };
             let mut started: Option<Instant> = None;
-            let mut done = Some(Box::pin(read_done(done)));
             loop {
                 let deadline = match started {
                     Some(s) => s + timeout,
                     None => handed + HANDOVER_TIMEOUT,
                 };
-                let said = tokio::select! {
-                    // A `started` that arrives with the done message is read first.
-                    biased;
-                    r = tokio::time::timeout_at(deadline.into(), recv(&chan)) => Err(r),
-                    d = async {
-                        match done.as_mut() {
-                            Some(d) => d.await,
-                            None => std::future::pending().await,
-                        }
-                    }, if done.is_some() => Ok(d),
-                };
-                let said = match said {
-                    Ok(None) => {
-                        done = None;
-                        continue;
-                    }
-                    Ok(Some(d)) => {
-                        let code = Some(d.code & 0xFF);
-                        ended(
-                            &mut report,
-                            started,
-                            code,
-                            None,
-                            d.cpu_time_ms,
-                            d.max_rss_kb,
-                        );
-                        break;
-                    }
-                    Err(r) => r,
-                };
+                let said = tokio::time::timeout_at(deadline.into(), recv(&chan)).await;
                 match said {
                     Err(_) => {
                         slot_kill();
@@ -613,6 +589,7 @@ impl Slot {
             }
         }
         drop(guard);
+        drop(server);
         let enforced = report.enforced.clone();
         build_outcome(report, out, err, &job, Mode::Linux).map(|o| (o, enforced))
     }

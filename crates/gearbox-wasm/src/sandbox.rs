@@ -477,6 +477,7 @@ impl Inner {
                 cpu_time_ms,
                 peak_memory_kb: Some(state.limiter.peak_bytes as u64 / 1024),
                 setup_us: Some(setup_us),
+                memory_limit: Some("wasm".into()),
             },
             reason: None,
             language: lang.to_string(),

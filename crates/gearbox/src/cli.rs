@@ -221,7 +221,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         // A one-shot run cannot use a warm pool.
         Command::Run(args) => run(
             engine(Config {
-                pool: Default::default(),
+                pool: gearbox_engine::PoolConfig::only([]),
                 ..config
             })?,
             args,
@@ -603,7 +603,14 @@ fn doctor(engine: Engine, json: bool) -> Result<ExitCode> {
     let backends = engine.probe();
     let languages = engine.languages(true);
     if json {
-        let v = serde_json::json!({ "backends": backends, "languages": languages });
+        let unenforced = gearbox_sandbox::unenforced_limits();
+        let limits = serde_json::json!({
+            "whole_run": unenforced.is_none(),
+            "cgroups": unenforced,
+            "require_limits": engine.config().sandbox.require_limits,
+        });
+        let v =
+            serde_json::json!({ "backends": backends, "languages": languages, "limits": limits });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -615,7 +622,18 @@ fn doctor(engine: Engine, json: bool) -> Result<ExitCode> {
             println!("        {d}");
         }
     }
-    let pool = &engine.config().pool;
+    let require = engine.config().sandbox.require_limits;
+    match (gearbox_sandbox::unenforced_limits(), require) {
+        (None, _) => println!("limits: each linux run bounded as a whole by its own cgroup"),
+        (Some(why), false) => println!(
+            "limits: WEAKER on this host, cgroups {why}: memory sampled, CPU time per process \
+             (set [sandbox] require_limits = true to refuse runs here)"
+        ),
+        (Some(why), true) => {
+            println!("limits: cgroups {why}: linux runs REFUSED ([sandbox] require_limits = true)")
+        }
+    }
+    let pool = &engine.config().pool.languages;
     if pool.is_empty() {
         println!("warm pool (gearbox serve): off");
     } else {

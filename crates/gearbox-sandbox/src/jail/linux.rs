@@ -12,6 +12,7 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid, pipe2};
 
 use super::cgroup::Cgroup;
+use super::memwatch::{self, MemoryWatch};
 use super::{Step, init, seccomp};
 use crate::wire::{JailReport, JailSpec, StepError};
 
@@ -55,13 +56,42 @@ pub enum Msg {
     },
 }
 
+/// Longest message line: one atomic pipe write (init and the program share the pipe).
+const MAX_MSG: usize = 3800;
+
 impl Msg {
-    /// Send as one line; messages are short enough for an atomic pipe write.
+    /// Send as one line of at most [`MAX_MSG`] bytes: a longer `Failed` message is shortened
+    /// (never the JSON itself, which would no longer parse).
     pub fn send(&self, fd: &OwnedFd) {
-        if let Ok(mut line) = serde_json::to_vec(self) {
-            line.truncate(3800);
+        if let Some(mut line) = self.encode() {
             line.push(b'\n');
             let _ = nix::unistd::write(fd, &line);
+        }
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        let line = serde_json::to_vec(self).ok()?;
+        if line.len() <= MAX_MSG {
+            return Some(line);
+        }
+        let Msg::Failed { step, message } = self else {
+            return None;
+        };
+        let mut keep = message.len().min(MAX_MSG);
+        loop {
+            keep = keep * 3 / 4;
+            let mut cut = keep;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let short = Msg::Failed {
+                step: step.chars().take(200).collect(),
+                message: format!("{}… (shortened)", &message[..cut]),
+            };
+            let line = serde_json::to_vec(&short).ok()?;
+            if line.len() <= MAX_MSG {
+                return Some(line);
+            }
         }
     }
 }
@@ -170,7 +200,18 @@ pub fn run(
     ));
 
     let max_trailer = spec.collect.map(|l| l.max_stream_bytes());
-    let mut watch = watch(&st_r, spec.limits.timeout_ms, start, report, max_trailer);
+    // Without a memory cgroup the helper measures the whole run itself (`memwatch.rs`).
+    let mut memory = cgroup
+        .is_none()
+        .then(|| MemoryWatch::new(init_pid.as_raw(), spec.limits.memory_mb));
+    let mut watch = watch(
+        &st_r,
+        spec.limits.timeout_ms,
+        start,
+        report,
+        max_trailer,
+        memory.as_mut(),
+    );
     if max_trailer.is_some()
         && watch.exited
         && watch.trailer.is_empty()
@@ -178,7 +219,11 @@ pub fn run(
     {
         report.collect_error = Some("the sandbox sent no workspace".into());
     }
-    if watch.timed_out || watch.failed.is_some() || !watch.exited || report.collect_error.is_some()
+    if watch.timed_out
+        || watch.over_memory
+        || watch.failed.is_some()
+        || !watch.exited
+        || report.collect_error.is_some()
     {
         // Killing init makes the kernel kill every process of its pid namespace.
         let _ = kill(init_pid, Signal::SIGKILL);
@@ -194,11 +239,19 @@ pub fn run(
             report.cpu_time_ms = Some(ms);
         }
     }
+    if let Some(m) = &memory {
+        report.memory_sampled = true;
+        report.oom_killed = watch.over_memory;
+        // The sampled peak of the whole run (never below the largest single process).
+        report.peak_memory_kb = m
+            .measured
+            .then(|| m.peak_kb.max(report.peak_memory_kb.unwrap_or(0)));
+    }
     mark(report, "reaped");
     if let Some(e) = watch.failed {
         return Err(e);
     }
-    if !watch.exited && !watch.timed_out {
+    if !watch.exited && !watch.timed_out && !watch.over_memory {
         return Err(StepError {
             step: "wait for program".into(),
             message: format!("init ended without a report ({init_status:?})"),
@@ -232,19 +285,24 @@ fn write_id_maps(pid: Pid, outer_uid: u32, outer_gid: u32) -> Result<(), StepErr
 struct Watch {
     exited: bool,
     timed_out: bool,
+    /// The sampled memory of the run passed its limit (no cgroup).
+    over_memory: bool,
     failed: Option<StepError>,
     /// The collected workspace: every byte init sent after its `Exited` line.
     trailer: Vec<u8>,
 }
 
 /// Read init's messages until it closes the pipe or the deadline passes. With `max_trailer`
-/// (a collecting run) the bytes after `Exited` are the workspace, at most that many.
+/// (a collecting run) the bytes after `Exited` are the workspace, at most that many. With
+/// `memory`, the running program is measured every [`memwatch::INTERVAL`] and stopped past
+/// its limit.
 fn watch(
     st_r: &OwnedFd,
     timeout_ms: u64,
     start: Instant,
     report: &mut JailReport,
     max_trailer: Option<u64>,
+    mut memory: Option<&mut MemoryWatch>,
 ) -> Watch {
     let mut w = Watch::default();
     // A duplicate fd for reading; the original stays with the caller for poll.
@@ -263,7 +321,19 @@ fn watch(
     let mut ready = false;
     let mut collecting: Option<Instant> = None;
     let mut chunk = vec![0u8; 64 * 1024];
+    let mut next_sample = Instant::now();
     loop {
+        let sampling = started.is_some() && !w.exited;
+        if let Some(m) = memory.as_deref_mut().filter(|_| sampling)
+            && Instant::now() >= next_sample
+        {
+            next_sample = Instant::now() + memwatch::INTERVAL;
+            if m.sample() {
+                w.over_memory = true;
+                report.duration_us = duration_us(started);
+                return w;
+            }
+        }
         let deadline = match (collecting, started) {
             (Some(c), _) => c + COLLECT_TIMEOUT,
             (None, Some(s)) => s + Duration::from_millis(timeout_ms),
@@ -290,7 +360,10 @@ fn watch(
             }
             return w;
         }
-        let left = deadline - now;
+        let mut left = deadline - now;
+        if memory.is_some() && sampling {
+            left = left.min(next_sample.saturating_duration_since(now));
+        }
         let ms = u16::try_from(left.as_millis().min(60_000)).unwrap_or(60_000);
         let mut fds = [PollFd::new(st_r.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::from(ms.max(1))) {
@@ -385,5 +458,42 @@ pub fn split_status(status: WaitStatus) -> (Option<i32>, Option<i32>) {
         WaitStatus::Exited(_, code) => (Some(code), None),
         WaitStatus::Signaled(_, sig, _) => (None, Some(sig as i32)),
         _ => (None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_failure_is_shortened_and_still_parses() {
+        for message in [
+            "x".repeat(10_000),
+            "\"\\é".repeat(5_000),
+            "\u{1}".repeat(3_000),
+        ] {
+            let msg = Msg::Failed {
+                step: "execve".into(),
+                message: message.clone(),
+            };
+            let line = msg.encode().expect("encodes");
+            assert!(line.len() <= MAX_MSG, "{}", line.len());
+            match serde_json::from_slice::<Msg>(&line).expect("parses") {
+                Msg::Failed { step, message: m } => {
+                    assert_eq!(step, "execve");
+                    assert!(m.ends_with("(shortened)"), "{m}");
+                    assert!(message.starts_with(m.trim_end_matches("… (shortened)")));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let short = Msg::Failed {
+            step: "s".into(),
+            message: "m".into(),
+        };
+        assert_eq!(
+            short.encode().expect("encodes"),
+            serde_json::to_vec(&short).expect("encodes")
+        );
     }
 }

@@ -18,6 +18,7 @@ mod cgroup;
 mod init;
 mod landlock;
 mod linux;
+mod memwatch;
 mod mount;
 mod process;
 mod program;

@@ -35,6 +35,13 @@ const ETC_ENTRIES: &[&str] = &[
 const ETC_NETWORK_ENTRIES: &[&str] = &["resolv.conf", "ssl", "ca-certificates", "gai.conf"];
 /// Device nodes bound from the host.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+/// Limits of the run's user namespace (`/proc/sys/user`): how much of the host user's
+/// inotify budget one run may hold (the counters are charged to every user namespace up to
+/// the host's, each checked against its own limit). `launchers/fork.rs` sets the same.
+const USER_LIMITS: &[(&str, &str)] = &[
+    ("max_inotify_instances", "16"),
+    ("max_inotify_watches", "4096"),
+];
 /// /proc entries re-bound read-only (and kernel knobs the program must never write).
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
@@ -61,7 +68,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
         }
     }
     build_etc(root, spec.network)?;
-    build_proc(root)?;
+    build_proc(root, spec.pooled.as_ref().is_some_and(|p| p.zygote))?;
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;
     write_files(&root.join("work"), &spec.files, files)?;
@@ -135,7 +142,7 @@ fn write_zygote_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
         "disk_mb": l.disk_mb,
         "open_files": l.open_files,
         "file_size_mb": l.file_size_mb,
-        "cpu_s": l.effective_cpu_ms().div_ceil(1000).max(1),
+        "cpu_s": l.cpu_rlimit_secs(),
     });
     fs::write(dir.join("zygote.json"), config.to_string()).step("write fork server limits")
 }
@@ -256,7 +263,10 @@ fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
     Ok(())
 }
 
-fn build_proc(root: &Path) -> Result<(), StepError> {
+/// A fork server's /proc is its own (it runs no program) and stays without read-only binds:
+/// each run mounts a /proc of its own over it, which the kernel allows in the run's user
+/// namespace only while the fork server's /proc has nothing mounted on it.
+fn build_proc(root: &Path, fork_server: bool) -> Result<(), StepError> {
     let proc_dir = root.join("proc");
     fs::create_dir(&proc_dir).step("create /proc")?;
     mount(
@@ -267,6 +277,13 @@ fn build_proc(root: &Path) -> Result<(), StepError> {
         None::<&str>,
     )
     .step("mount /proc")?;
+    for (name, value) in USER_LIMITS {
+        fs::write(proc_dir.join("sys/user").join(name), value)
+            .step("limit the run's kernel counters")?;
+    }
+    if fork_server {
+        return Ok(());
+    }
     for sub in PROC_READONLY {
         let p = proc_dir.join(sub);
         if p.exists() {

@@ -71,6 +71,11 @@ fn prepare_and_exec(
         seccompiler::apply_filter(f).step("install seccomp filter")?;
     }
     applied.push(format!("seccomp: {} filters (deny list)", filters.len()));
+    if !have_cgroup {
+        let f = super::memwatch::unaccounted_memory_filter().step("compile memory filter")?;
+        seccompiler::apply_filter(&f).step("install memory filter")?;
+        applied.push("seccomp: memfd_create, shmget and msgget refused (no memory cgroup)".into());
+    }
     Msg::Applied {
         mechanisms: applied,
     }
@@ -112,7 +117,7 @@ fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, st
 
 pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
     let mib = 1024 * 1024;
-    let cpu_s = l.effective_cpu_ms().div_ceil(1000).max(1);
+    let cpu_s = l.cpu_rlimit_secs();
     let set = |r: Resource, soft: u64, hard: u64, what: &str| setrlimit(r, soft, hard).step(what);
     set(Resource::RLIMIT_CORE, 0, 0, "rlimit core")?;
     set(
@@ -129,6 +134,10 @@ pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
     )?;
     set(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1, "rlimit cpu")?;
     set(Resource::RLIMIT_NPROC, l.pids, l.pids, "rlimit nproc")?;
+    // Per-user counters, counted in the run's own user namespace: its share of the host
+    // user's pending signals and POSIX message-queue bytes (`launchers/fork.rs` sets the same).
+    set(Resource::RLIMIT_SIGPENDING, 1024, 1024, "rlimit sigpending")?;
+    set(Resource::RLIMIT_MSGQUEUE, 65536, 65536, "rlimit msgqueue")?;
     if !have_cgroup {
         // Without a memory cgroup, cap private writable memory. RLIMIT_AS would break Node
         // and Go, which reserve large address ranges without touching them.

@@ -22,6 +22,12 @@ use std::fmt::Write as _;
 
 unsafe extern "C" {
     fn syscall(n: c_long, ...) -> c_long;
+    fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+    fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
+    fn getrandom(buf: *mut c_void, len: usize, flags: c_uint) -> isize;
+    fn write(fd: c_int, buf: *const c_void, len: usize) -> isize;
+    fn getuid() -> c_uint;
+    fn getgid() -> c_uint;
     fn recvmsg(fd: c_int, msg: *mut MsgHdr, flags: c_int) -> isize;
     fn send(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize;
     fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize;
@@ -70,6 +76,7 @@ const SYS_LANDLOCK_ADD_RULE: c_long = 445;
 const SYS_LANDLOCK_RESTRICT_SELF: c_long = 446;
 
 const CLONE_NEWNS: c_int = 0x0002_0000;
+const CLONE_NEWUSER: c_int = 0x1000_0000;
 const CLONE_NEWCGROUP: c_int = 0x0200_0000;
 const CLONE_NEWUTS: c_int = 0x0400_0000;
 const CLONE_NEWIPC: c_int = 0x0800_0000;
@@ -81,6 +88,7 @@ const SIG_DFL: usize = 0;
 const EINTR: c_int = 4;
 const ECHILD: c_int = 10;
 const ENOENT: c_int = 2;
+const EINVAL: c_int = 22;
 const MSG_NOSIGNAL: c_int = 0x4000;
 const MSG_CMSG_CLOEXEC: c_int = 0x4000_0000;
 const SOL_SOCKET: c_int = 1;
@@ -96,6 +104,7 @@ const MS_REC: c_ulong = 16384;
 const MNT_DETACH: c_int = 2;
 const O_PATH: c_int = 0o1000_0000;
 const O_CLOEXEC: c_int = 0o200_0000;
+const O_WRONLY: c_int = 1;
 const AF_INET: c_int = 2;
 const SOCK_DGRAM: c_int = 2;
 const SIOCGIFFLAGS: c_ulong = 0x8913;
@@ -104,8 +113,14 @@ const IFF_UP: i16 = 1;
 const RLIMIT_CPU: c_int = 0;
 const RLIMIT_CORE: c_int = 4;
 const RLIMIT_NOFILE: c_int = 7;
+const RLIMIT_SIGPENDING: c_int = 11;
+const RLIMIT_MSGQUEUE: c_int = 12;
+/// Per-user counters a program may hold in its user namespace (as `jail/program.rs`
+/// sets them on the cold path): pending signals, and bytes in POSIX message queues.
+const COUNTER_RLIMITS: [(c_int, u64); 2] = [(RLIMIT_SIGPENDING, 1024), (RLIMIT_MSGQUEUE, 65536)];
 const RUSAGE_CHILDREN: c_int = -1;
 const PR_SET_NAME: c_int = 15;
+const PR_CAPBSET_DROP: c_int = 24;
 const PR_SET_SECCOMP: c_int = 22;
 const PR_SET_NO_NEW_PRIVS: c_int = 38;
 const PR_CAP_AMBIENT: c_int = 47;
@@ -126,6 +141,13 @@ const LL_TARGET_ABI: c_long = 6;
 const LL_RULE_PATH_BENEATH: c_int = 1;
 const LL_CREATE_RULESET_VERSION: c_uint = 1;
 
+/// Limits of a run's user namespace (`/proc/sys/user`, written through the run's /proc
+/// while it is staged): how much of the host user's inotify budget one run may hold (as
+/// `jail/mount.rs` sets them on the cold path).
+const USER_LIMITS: [(&std::ffi::CStr, &[u8]); 2] = [
+    (c"/.gearbox/proc/sys/user/max_inotify_instances", b"16"),
+    (c"/.gearbox/proc/sys/user/max_inotify_watches", b"4096"),
+];
 /// /proc entries a run sees read-only (as the cold path's `jail/mount.rs` makes them).
 const PROC_READONLY: [&[u8]; 5] = [b"sys\0", b"sysrq-trigger\0", b"irq\0", b"bus\0", b"fs\0"];
 const WRITABLE: [&[u8]; 3] = [b"/work\0", b"/tmp\0", b"/dev/shm\0"];
@@ -211,11 +233,12 @@ pub struct Config {
     server_filters: *const *const SockFprog,
 }
 
-/// What a program gets back: its control socket and its done pipe (stdio is on 0, 1, 2).
+/// What a program gets back: its control socket (stdio is on 0, 1, 2), which it closes
+/// before any of the run's code runs. How the program ended is never its to say: the run's
+/// init reports it from the wait status.
 #[repr(C)]
 pub struct Handed {
     chan: c_int,
-    done: c_int,
 }
 
 fn errno() -> c_int {
@@ -354,7 +377,7 @@ pub unsafe extern "C" fn gb_config(
 /// Install the fork server's part of the seccomp policy, then serve slot requests on
 /// `config.control_fd` until it closes (returns 1 in the fork server; -1 if it cannot), or
 /// return 0 in a program, restricted and waiting for its hand-over on fd 0,
-/// with its control socket and done pipe in `out`. Call with SIGCHLD ignored (the runs'
+/// with its control socket in `out`. Call with SIGCHLD ignored (the runs'
 /// inits are reaped by the kernel).
 ///
 /// # Safety
@@ -392,11 +415,19 @@ pub unsafe extern "C" fn gb_serve(config: *const Config, out: *mut Handed) -> c_
             return 1;
         }
         let count = fds.iter().filter(|&&fd| fd >= 0).count();
-        if count != 5 {
+        if count != 4 {
             close_all(&fds);
             continue;
         }
-        let flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID;
+        // A user namespace of its own too: the run's kernel counters (processes, pending
+        // signals, inotify, message queues) are its own, not shared with the other runs of
+        // this fork server, and it owns its other namespaces.
+        let flags =
+            CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID;
+        // The ids the run keeps, read here: in the new user namespace they read as unmapped
+        // until init maps them.
+        // SAFETY: getuid and getgid take nothing.
+        let ids = unsafe { (getuid(), getgid()) };
         // SAFETY: a fork into new namespaces (no new stack, no shared memory); this process
         // has one thread.
         let pid = unsafe {
@@ -411,7 +442,7 @@ pub unsafe extern "C" fn gb_serve(config: *const Config, out: *mut Handed) -> c_
         };
         if pid == 0 {
             // SAFETY: `out` is valid; init returns only in the program.
-            unsafe { *out = init(config, [fds[0], fds[1], fds[2], fds[3], fds[4]]) };
+            unsafe { *out = init(config, [fds[0], fds[1], fds[2], fds[3]], ids) };
             return 0;
         }
         if pid < 0 {
@@ -471,13 +502,18 @@ fn close_all(fds: &[c_int]) {
 }
 
 /// Pid 1 of a run. Returns only in the program.
-fn init(config: &Config, fds: [c_int; 5]) -> Handed {
-    let [chan, stdin, stdout, stderr, done] = fds;
+fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32)) -> Handed {
+    let [chan, stdin, stdout, stderr] = fds;
     set_name(c"gb-init".as_ptr());
     // SAFETY: plain fd and signal calls on this process.
     unsafe {
         signal(SIGCHLD, SIG_DFL);
         close(config.control_fd);
+    }
+    if let Err(fail) = map_ids(uid, gid) {
+        send_failed(chan, &fail);
+        // SAFETY: ends this process.
+        unsafe { _exit(1) };
     }
     send_str(chan, "{\"t\":\"hello\"}");
     let mut go = [0u8; 64];
@@ -494,14 +530,14 @@ fn init(config: &Config, fds: [c_int; 5]) -> Handed {
     // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
     let child = unsafe { fork() };
     if child == 0 {
-        return program(config, chan, stdin, stdout, stderr, done);
+        return program(config, chan, stdin, stdout, stderr);
     }
     if child < 0 {
         send_failed(chan, &Fail("fork program", errno()));
         // SAFETY: ends this process.
         unsafe { _exit(1) };
     }
-    close_all(&[stdin, stdout, stderr, done]);
+    close_all(&[stdin, stdout, stderr]);
     send_str(chan, "{\"t\":\"ready\"}");
     let mut buf = Buf::new();
     let _ = write!(buf, "{{\"t\":\"exited\",");
@@ -539,7 +575,7 @@ fn init(config: &Config, fds: [c_int; 5]) -> Handed {
     }
 }
 
-/// CPU time (user and system, µs) and peak RSS (KiB) of `who` (RUSAGE_SELF or _CHILDREN).
+/// CPU time (user and system, µs) and peak RSS (KiB) of `who` (RUSAGE_CHILDREN).
 fn rusage(who: c_int) -> (i64, c_long) {
     let mut u = RUsage {
         utime: TimeVal { sec: 0, usec: 0 },
@@ -551,6 +587,41 @@ fn rusage(who: c_int) -> (i64, c_long) {
     unsafe { getrusage(who, &mut u) };
     let us = (u.utime.sec + u.stime.sec) * 1_000_000 + u.utime.usec + u.stime.usec;
     (us, u.maxrss)
+}
+
+/// Map the sandbox user (the fork server's uid and gid, 1000) to itself in the run's new
+/// user namespace, as an unprivileged process may for its own ids (setgroups denied first).
+fn map_ids(uid: u32, gid: u32) -> Result<(), Fail> {
+    let mut uid_map = Buf::new();
+    let _ = write!(uid_map, "{uid} {uid} 1");
+    let mut gid_map = Buf::new();
+    let _ = write!(gid_map, "{gid} {gid} 1");
+    write_file(c"/proc/self/setgroups", b"deny", "map ids")?;
+    write_file(
+        c"/proc/self/gid_map",
+        &gid_map.data[..gid_map.len],
+        "map ids",
+    )?;
+    write_file(
+        c"/proc/self/uid_map",
+        &uid_map.data[..uid_map.len],
+        "map ids",
+    )
+}
+
+/// Write `content` to the existing file at `path` in one write.
+fn write_file(path: &std::ffi::CStr, content: &[u8], step: &'static str) -> Result<(), Fail> {
+    // SAFETY: open, write and close with a NUL-terminated path and a buffer of `content`.
+    unsafe {
+        let fd = check(open(path.as_ptr(), O_WRONLY | O_CLOEXEC), step)?;
+        let n = write(fd, content.as_ptr().cast(), content.len());
+        let e = errno();
+        close(fd);
+        if n != content.len() as isize {
+            return Err(Fail(step, e));
+        }
+    }
+    Ok(())
 }
 
 /// The run's own namespaces' contents: once the server has put init in the run's cgroup,
@@ -611,6 +682,11 @@ fn build(config: &Config) -> Result<(), Fail> {
             ),
             "mount /proc",
         )?;
+        // The run's share of the host user's kernel counters, set in its own user namespace
+        // before /proc/sys turns read-only.
+        for (path, value) in USER_LIMITS {
+            write_file(path, value, "limit the run's kernel counters")?;
+        }
         for sub in PROC_READONLY {
             let mut path = [0u8; 64];
             let prefix = b"/.gearbox/proc/";
@@ -636,11 +712,12 @@ fn build(config: &Config) -> Result<(), Fail> {
             )?;
         }
         // The fork server's /proc (which shows every run of this fork server) leaves the
-        // tree; the run's own takes its place.
-        check(
-            umount2(c"/proc".as_ptr(), MNT_DETACH),
-            "detach fork server /proc",
-        )?;
+        // tree where it can; in the run's user namespace it is locked to its place (mounts
+        // inherited from a more privileged namespace cannot be taken away), so the run's own
+        // covers it.
+        if umount2(c"/proc".as_ptr(), MNT_DETACH) != 0 && errno() != EINVAL {
+            return Err(Fail("detach fork server /proc", errno()));
+        }
         check(
             mount(
                 staged,
@@ -675,15 +752,13 @@ fn build(config: &Config) -> Result<(), Fail> {
 
 /// The program: restricted exactly as the cold path restricts a program before exec
 /// (`jail/program.rs`), then back to Python. A failed step is reported and ends it.
-fn program(
-    config: &Config,
-    chan: c_int,
-    stdin: c_int,
-    stdout: c_int,
-    stderr: c_int,
-    done: c_int,
-) -> Handed {
+fn program(config: &Config, chan: c_int, stdin: c_int, stdout: c_int, stderr: c_int) -> Handed {
     set_name(config.program_name);
+    if let Err(fail) = renew_openssl() {
+        send_failed(chan, &fail);
+        // SAFETY: ends this process.
+        unsafe { _exit(127) }
+    }
     match restrict(config, [stdin, stdout, stderr]) {
         Ok(landlock) => {
             let mut buf = Buf::new();
@@ -694,7 +769,7 @@ fn program(
                 config.inherited
             );
             send_buf(chan, &buf);
-            Handed { chan, done }
+            Handed { chan }
         }
         Err(fail) => {
             send_failed(chan, &fail);
@@ -723,8 +798,24 @@ fn restrict(config: &Config, stdio: [c_int; 3]) -> Result<&'static str, Fail> {
             setrlimit(RLIMIT_CPU, &limit(config.cpu_s, config.cpu_s + 1)),
             "set rlimits",
         )?;
+        for (resource, value) in COUNTER_RLIMITS {
+            check(setrlimit(resource, &limit(value, value)), "set rlimits")?;
+        }
         check(chdir(c"/work".as_ptr()), "enter /work")?;
-        // The bounding set is already empty (the fork server's was emptied before its exec).
+        // A new user namespace starts with a full bounding set: empty it (CAP_SETPCAP is
+        // still held here; EINVAL past the kernel's last capability ends the loop).
+        for cap in 0..64 as c_ulong {
+            if prctl(
+                PR_CAPBSET_DROP,
+                cap,
+                0 as c_ulong,
+                0 as c_ulong,
+                0 as c_ulong,
+            ) != 0
+            {
+                break;
+            }
+        }
         prctl(
             PR_CAP_AMBIENT,
             PR_CAP_AMBIENT_CLEAR_ALL,
@@ -840,6 +931,92 @@ unsafe fn landlock() -> Result<&'static str, Fail> {
     }
 }
 
+// Fresh entropy. A program is a fork of the fork server: every random generator the
+// interpreter keeps in memory holds the same state in every program unless it is renewed
+// after the fork. Python reseeds `random` itself (its at-fork hook, run by
+// `PyOS_AfterFork_Child`), and `os.urandom`, `secrets` and `uuid` ask the kernel each time.
+// OpenSSL's generators (behind Node's `crypto`, and Python's `ssl` and `hashlib` when the
+// fork server has them loaded) detect a fork by a change of pid, which never happens here:
+// each program is pid 2 of its own pid namespace, as the fork server is of its own. So each
+// program reseeds them, and a program whose generators cannot be renewed does not run.
+// V8's generators are Node's part (`renew_v8`).
+
+type RandGet0 = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+type RandReseed =
+    unsafe extern "C" fn(*mut c_void, c_int, *const u8, usize, *const u8, usize) -> c_int;
+const RTLD_LAZY: c_int = 1;
+const RTLD_NOLOAD: c_int = 4;
+const EIO: c_int = 5;
+
+/// `N` bytes from the kernel's random pool.
+fn fresh<const N: usize>() -> Result<[u8; N], Fail> {
+    let mut buf = [0u8; N];
+    // SAFETY: getrandom writes at most N bytes into the buffer on this frame.
+    let n = unsafe { getrandom(buf.as_mut_ptr().cast(), N, 0) };
+    if n != N as isize {
+        return Err(Fail("read fresh entropy", errno()));
+    }
+    Ok(buf)
+}
+
+/// A symbol of OpenSSL's libcrypto if this process has it: exported by the executable (Node
+/// links OpenSSL in) or in a libcrypto already loaded (Python loads it privately with `ssl`
+/// or `hashlib`). Never loads one.
+fn openssl_symbol(name: &std::ffi::CStr) -> *mut c_void {
+    // SAFETY: dlsym with RTLD_DEFAULT (null) and a NUL-terminated name.
+    let p = unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
+    if !p.is_null() {
+        return p;
+    }
+    for lib in [c"libcrypto.so.3", c"libcrypto.so"] {
+        // SAFETY: RTLD_NOLOAD returns a handle only to a library already loaded.
+        let handle = unsafe { dlopen(lib.as_ptr(), RTLD_LAZY | RTLD_NOLOAD) };
+        if !handle.is_null() {
+            // SAFETY: dlsym on a valid handle with a NUL-terminated name.
+            return unsafe { dlsym(handle, name.as_ptr()) };
+        }
+    }
+    std::ptr::null_mut()
+}
+
+/// Reseed OpenSSL's primary, public and private generators (OpenSSL 3), each with fresh
+/// entropy from its parent and fresh additional input from the kernel. Nothing to do where
+/// no OpenSSL is loaded; an OpenSSL that is loaded but cannot be reseeded is an error.
+fn renew_openssl() -> Result<(), Fail> {
+    let reseed = openssl_symbol(c"EVP_RAND_reseed");
+    let getters = [
+        openssl_symbol(c"RAND_get0_primary"),
+        openssl_symbol(c"RAND_get0_public"),
+        openssl_symbol(c"RAND_get0_private"),
+    ];
+    if reseed.is_null() && getters.iter().all(|g| g.is_null()) {
+        if !openssl_symbol(c"RAND_bytes").is_null() {
+            // An OpenSSL without these (1.1) keeps generators we cannot renew.
+            return Err(Fail("renew OpenSSL's random generators", EIO));
+        }
+        return Ok(());
+    }
+    if reseed.is_null() || getters.iter().any(|g| g.is_null()) {
+        return Err(Fail("renew OpenSSL's random generators", EIO));
+    }
+    // SAFETY: the symbols are OpenSSL 3's functions of these names and C signatures.
+    let reseed: RandReseed = unsafe { std::mem::transmute(reseed) };
+    for getter in getters {
+        // SAFETY: as above.
+        let get: RandGet0 = unsafe { std::mem::transmute(getter) };
+        let input = fresh::<32>()?;
+        // SAFETY: the default library context (null); OpenSSL copies the input.
+        let ok = unsafe {
+            let ctx = get(std::ptr::null_mut());
+            !ctx.is_null() && reseed(ctx, 0, std::ptr::null(), 0, input.as_ptr(), input.len()) == 1
+        };
+        if !ok {
+            return Err(Fail("renew OpenSSL's random generators", EIO));
+        }
+    }
+    Ok(())
+}
+
 // The Node-API entry: `node_zygote.js` loads this file with `process.dlopen` and calls the
 // functions below. Node-API's functions are looked up in the running process (dlsym), so the
 // same file also loads in Python, where they do not exist.
@@ -850,24 +1027,19 @@ type NapiInfo = *mut c_void;
 type NapiCallback = unsafe extern "C" fn(NapiEnv, NapiInfo) -> NapiValue;
 
 unsafe extern "C" {
-    fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
     fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
     fn getpid() -> c_int;
     fn getppid() -> c_int;
-    fn setpriority(which: c_int, who: c_uint, prio: c_int) -> c_int;
     fn eventfd(initval: c_uint, flags: c_int) -> c_int;
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
     fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
-    fn write(fd: c_int, buf: *const c_void, len: usize) -> isize;
 }
 
 const F_GETFD: c_int = 1;
 const F_SETFD: c_int = 2;
 const FD_CLOEXEC: c_int = 1;
 const RLIMIT_FSIZE: c_int = 1;
-const RUSAGE_SELF: c_int = 0;
 const SIG_IGN: usize = 1;
-const PRIO_PROCESS: c_int = 0;
 const MADV_DOFORK: c_int = 11;
 const EFD_CLOEXEC: c_int = O_CLOEXEC;
 
@@ -911,6 +1083,15 @@ struct Napi {
     /// `node::GetMultiIsolatePlatform(Environment*)` and the two `NodePlatform` methods through which V8 hands work to the platform's
     /// worker threads (found in its vtable by address, see [`adopt_worker_tasks`]).
     platform_of: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
+    /// V8's generators, renewed in each program (see [`renew_v8`]):
+    /// `v8::internal::Isolate::random_number_generator()`,
+    /// `v8::base::RandomNumberGenerator::SetSeed(int64_t)`,
+    /// `v8::base::OS::SetRandomMmapSeed(int64_t)` and
+    /// `v8::internal::MathRandom::ResetContext(Context)` (a `Context` is one tagged pointer).
+    isolate_rng: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
+    rng_set_seed: unsafe extern "C" fn(*mut c_void, i64),
+    mmap_set_seed: unsafe extern "C" fn(i64),
+    math_random_reset: unsafe extern "C" fn(usize),
     call_on_worker: *const c_void,
     call_delayed_on_worker: *const c_void,
 }
@@ -953,6 +1134,16 @@ fn napi() -> Option<&'static Napi> {
                 at_exit: std::mem::transmute(find(c"_ZN4node6AtExitEPNS_11EnvironmentEPFvPvES2_")?),
                 platform_of: std::mem::transmute(find(
                     c"_ZN4node23GetMultiIsolatePlatformEPNS_11EnvironmentE",
+                )?),
+                isolate_rng: std::mem::transmute(find(
+                    c"_ZN2v88internal7Isolate23random_number_generatorEv",
+                )?),
+                rng_set_seed: std::mem::transmute(find(
+                    c"_ZN2v84base21RandomNumberGenerator7SetSeedEl",
+                )?),
+                mmap_set_seed: std::mem::transmute(find(c"_ZN2v84base2OS17SetRandomMmapSeedEl")?),
+                math_random_reset: std::mem::transmute(find(
+                    c"_ZN2v88internal10MathRandom12ResetContextENS0_7ContextE",
                 )?),
                 call_on_worker: find(
                     c"_ZN4node12NodePlatform18CallOnWorkerThreadESt10unique_ptrIN2v84TaskESt14default_deleteIS3_EE",
@@ -1101,7 +1292,7 @@ unsafe extern "C" fn node_adopt(env: NapiEnv, _info: NapiInfo) -> NapiValue {
 
 /// `serve(controlFd, diskMb, openFiles, cpuS)`: the fork server's loop. Returns `null` in the
 /// fork server when the server closes the control socket; in a program, restricted, with a
-/// fresh event loop and only its own fds, `[chan, done, pid, ppid]`.
+/// fresh event loop and only its own fds, `[chan, pid, ppid]`.
 unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
     // SAFETY: the arguments of this call.
     let Some([control_fd, disk_mb, open_files, cpu_s]) = (unsafe { int_args::<4>(env, info) })
@@ -1154,7 +1345,7 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
     // SAFETY: a signal disposition of this process.
     unsafe { signal(SIGCHLD, SIG_IGN) };
     quiesce();
-    let mut handed = Handed { chan: -1, done: -1 };
+    let mut handed = Handed { chan: -1 };
     // SAFETY: valid config and out; the other threads of Node (its platform's workers, all
     // idle: the fork server runs with --single-threaded) do not exist in the forks.
     let r = unsafe { gb_serve(config, &mut handed) };
@@ -1168,8 +1359,12 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
         unsafe { (n.get_null)(env, &mut null) };
         return null;
     }
-    // A program: worker tasks go to a pool of its own.
+    // A program: worker tasks go to a pool of its own, and V8's generators start afresh.
     new_pool();
+    // SAFETY: on the isolate's own thread, inside this call's handle scope.
+    if let Err(fail) = unsafe { renew_v8(n) } {
+        program_failed(handed.chan, fail.0, fail.1);
+    }
     // Its event loop's kernel objects (epoll, eventfd) are the fork server's: rebuild them,
     // then replace every fd it inherited. A step that fails is reported and ends the program
     // here: Node's own end would tear down a platform whose threads a fork lacks.
@@ -1193,14 +1388,13 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
         // SAFETY: fcntl and dup2 on this process's own fds.
         unsafe {
             let flags = fcntl(fd, F_GETFD);
-            if flags >= 0 && flags & FD_CLOEXEC == 0 && fd != handed.chan && fd != handed.done {
+            if flags >= 0 && flags & FD_CLOEXEC == 0 && fd != handed.chan {
                 dup3(own, fd, O_CLOEXEC);
             }
         }
     }
     // SAFETY: an fd of this process.
     unsafe { close(own) };
-    DONE_FD.store(handed.done, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: Node's C++ API on the calling thread, inside this call's handle scope.
     unsafe {
         let environment = environment(n);
@@ -1213,14 +1407,44 @@ unsafe extern "C" fn node_serve(env: NapiEnv, info: NapiInfo) -> NapiValue {
     unsafe {
         int_array(
             env,
-            &[
-                handed.chan.into(),
-                handed.done.into(),
-                getpid().into(),
-                getppid().into(),
-            ],
+            &[handed.chan.into(), getpid().into(), getppid().into()],
         )
     }
+}
+
+/// Fresh seeds for V8's generators in a program: the isolate's generator (which seeds
+/// `Math.random` in every context and V8's own randomized choices), the one behind the
+/// addresses V8 asks for new memory at, and `Math.random`'s state and cache in the main
+/// context, which refills from the isolate's generator on its next call.
+unsafe fn renew_v8(n: &Napi) -> Result<(), Fail> {
+    let seeds = fresh::<16>()?;
+    let seed = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&seeds[i * 8..i * 8 + 8]);
+        i64::from_ne_bytes(b)
+    };
+    // SAFETY: V8's functions on the calling thread's isolate and its current (native)
+    // context; a `Local<Context>` points to the slot holding the context's tagged pointer.
+    unsafe {
+        let isolate = (n.isolate_current)();
+        let rng = if isolate.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (n.isolate_rng)(isolate)
+        };
+        let context = if isolate.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (n.isolate_context)(isolate)
+        };
+        if rng.is_null() || context.is_null() {
+            return Err(Fail("renew V8's random generators", ENOENT));
+        }
+        (n.rng_set_seed)(rng, seed(0));
+        (n.mmap_set_seed)(seed(1));
+        (n.math_random_reset)(*(context as *const usize));
+    }
+    Ok(())
 }
 
 /// Report a program's failed step on its control socket and end it.
@@ -1259,9 +1483,7 @@ unsafe extern "C" fn node_limits(env: NapiEnv, info: NapiInfo) -> NapiValue {
     std::ptr::null_mut()
 }
 
-/// The program's done pipe (see python_zygote.py's `_finish`) and its exit code, as the
-/// program's `exit` listeners left it.
-static DONE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+/// The program's exit code, as its `exit` listeners left it.
 static EXIT_CODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
 
 /// `exitCode(code)`: the code to end with when Node reaches its at-exit callbacks (after it
@@ -1285,32 +1507,14 @@ unsafe extern "C" fn at_exit(_arg: *mut c_void) {
     finish(EXIT_CODE.load(std::sync::atomic::Ordering::Relaxed))
 }
 
-/// Close the output (the server reads it to its end), say how the program ended on the done
-/// pipe, and exit without Node's teardown: it would join its platform's threads, which exist
-/// only in the fork server.
+/// Close the output (the server reads it to its end) and exit without Node's teardown: it
+/// would join its platform's threads, which exist only in the fork server. The run's init
+/// reports the exit from the wait status.
 fn finish(code: c_int) -> ! {
-    // SAFETY: closes this process's stdout and stderr.
+    // SAFETY: closes this process's stdout and stderr, then ends it.
     unsafe {
         close(1);
         close(2);
-    }
-    let (me, me_rss) = rusage(RUSAGE_SELF);
-    let (kids, kids_rss) = rusage(RUSAGE_CHILDREN);
-    let mut buf = Buf::new();
-    let _ = write!(
-        buf,
-        "{{\"code\":{code},\"cpu_time_ms\":{},\"max_rss_kb\":{}}}",
-        (me + kids) / 1000,
-        me_rss.max(kids_rss)
-    );
-    let done = DONE_FD.load(std::sync::atomic::Ordering::Relaxed);
-    // SAFETY: writes a buffer on this frame; then this process's priority, and its end.
-    unsafe {
-        if done >= 0 {
-            write(done, buf.data.as_ptr().cast(), buf.len);
-        }
-        // The teardown (a fork of the interpreter) yields the CPU to the answer.
-        setpriority(PRIO_PROCESS, 0, 19);
         _exit(code & 0xff)
     }
 }

@@ -91,8 +91,7 @@ function program(native, chan, config) {
     const limits = job.limits || {};
     const fsize = Math.min(config.file_size_mb, Number(limits.file_size_mb ?? 1 << 30)) * 1024 * 1024;
     const nofile = Math.min(config.open_files, Number(limits.open_files ?? config.open_files));
-    const cpuMs = Number(limits.cpu_ms || 0) || Number(limits.timeout_ms || 0);
-    const cpuS = cpuMs ? Math.min(config.cpu_s, Math.max(1, Math.ceil(cpuMs / 1000))) : config.cpu_s;
+    const cpuS = Math.min(config.cpu_s, Number(job.cpu_s || config.cpu_s));
     native.limits(fsize, nofile, cpuS);
   } catch (e) {
     send(chan, e instanceof Fail
@@ -180,7 +179,7 @@ function serve() {
   warm();
   const handed = native.exports.serve(CONTROL_FD, config.disk_mb, config.open_files, config.cpu_s);
   if (handed === null) process.reallyExit(0);
-  const [chan, , pid, ppid] = handed;
+  const [chan, pid, ppid] = handed;
   // Node read these once, in the fork server.
   Object.defineProperty(process, 'pid', { value: pid, enumerable: true, configurable: true });
   Object.defineProperty(process, 'ppid', { value: ppid, writable: true, enumerable: true, configurable: true });

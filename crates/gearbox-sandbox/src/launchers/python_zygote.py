@@ -15,9 +15,9 @@
 #                          seccomp, all native; then back here in Python, where it reads
 #                          its program on fd 0 and runs it)
 #
-# The server sends each request on fd 4 (a SOCK_SEQPACKET socket) with five fds: the run's
-# control socket, stdin, stdout, stderr and the done pipe (on which the program says how it
-# ended, see _finish). Each program builds its Landlock ruleset itself, with the rules of
+# The server sends each request on fd 4 (a SOCK_SEQPACKET socket) with four fds: the run's
+# control socket, stdin, stdout and stderr. How a program ended is reported by the run's init
+# from the wait status, never by the program. Each program builds its Landlock ruleset itself, with the rules of
 # jail/landlock.rs (Landlock rules name inodes, and each run's /work, /tmp and /dev/shm are
 # new). The seccomp deny list is the cold path's compiled BPF in two parts (jail/seccomp.rs,
 # compile_split): /.gearbox/seccomp-server-N.bpf, which the fork server installs in itself
@@ -43,8 +43,6 @@ import struct as _struct
 import sys as _sys
 
 _CONTROL_FD = 4
-# The program's end of the pipe on which it tells the server how it ended (see _finish).
-_done_fd = -1
 _PR_SET_NAME = 15
 _MAX_HEADER = 16 * 1024 * 1024
 
@@ -84,9 +82,9 @@ def _name(name):
 
 
 class _Handed(_ctypes.Structure):
-    """`Handed` of fork.rs: the program's control socket and done pipe."""
+    """`Handed` of fork.rs: the program's control socket."""
 
-    _fields_ = [("chan", _ctypes.c_int), ("done", _ctypes.c_int)]
+    _fields_ = [("chan", _ctypes.c_int)]
 
 
 # What os.fork() runs in its child (fresh interpreter locks, the at-fork hooks of modules
@@ -113,7 +111,7 @@ def _serve():
     # the same consistent interpreter state as a fork's child (the fork server has one thread).
     native.gb_serve.argtypes = [_ctypes.c_void_p, _ctypes.c_void_p]
     native.gb_serve.restype = _ctypes.c_int
-    handed = _Handed(-1, -1)
+    handed = _Handed(-1)
     _warm_interpreter()
     # A program's environment is its job's alone.
     _os.environ.clear()
@@ -132,8 +130,6 @@ def _serve():
     # A program, restricted by the native loop, its stdio on 0, 1 and 2.
     _after_fork_child()
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-    global _done_fd
-    _done_fd = handed.done
     _program(handed.chan, config)
 
 
@@ -158,8 +154,7 @@ def _program(chan, config):
         limits = job.get("limits") or {}
         fsize = min(config.file_size_bytes, int(limits.get("file_size_mb", 1 << 40)) << 20)
         nofile = min(config.open_files, int(limits.get("open_files", config.open_files)))
-        cpu_ms = int(limits.get("cpu_ms", 0)) or int(limits.get("timeout_ms", 0))
-        cpu_s = min(config.cpu_s, max(1, -(-cpu_ms // 1000))) if cpu_ms else config.cpu_s
+        cpu_s = min(config.cpu_s, int(job.get("cpu_s") or config.cpu_s))
         _resource.setrlimit(_resource.RLIMIT_FSIZE, (fsize, fsize))
         _resource.setrlimit(_resource.RLIMIT_NOFILE, (nofile, nofile))
         _resource.setrlimit(_resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
@@ -170,9 +165,8 @@ def _program(chan, config):
         _send(chan, t="failed", step="prepare program", message=repr(e))
         return
     _send(chan, t="started")
-    _os.close(chan)
-    _os.closerange(3, _done_fd)
-    _os.closerange(_done_fd + 1, 1 << 20)
+    # From here on the program holds fds 0, 1 and 2 only.
+    _os.closerange(3, 1 << 20)
     _run(job)
 
 
@@ -211,8 +205,6 @@ def _prewarm():
     _json.dumps({"t": "started"})
     _os.environ.update(job["env"])
     _os.environ.clear()
-    me = _resource.getrusage(_resource.RUSAGE_SELF)
-    _json.dumps({"code": 0, "cpu_time_ms": int(me.ru_utime * 1000), "max_rss_kb": me.ru_maxrss})
     for stream in (_sys.stdout, _sys.stderr):
         stream.flush()
     import atexit  # noqa: F401  (imported by _finish)
@@ -328,27 +320,13 @@ def _finish(code):
             stream.flush()
         except Exception:
             pass
-    # Close the output first (the server reads to EOF), then tell init how this ended: the
-    # answer need not wait for this process's teardown.
+    # The output ends here (the server reads it to EOF); the run's init reports the exit
+    # status once this process is gone.
     for fd in (1, 2):
         try:
             _os.close(fd)
         except OSError:
             pass
-    try:
-        me = _resource.getrusage(_resource.RUSAGE_SELF)
-        kids = _resource.getrusage(_resource.RUSAGE_CHILDREN)
-        cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-        said = {"code": code, "cpu_time_ms": int(cpu * 1000), "max_rss_kb": max(me.ru_maxrss, kids.ru_maxrss)}
-        _os.write(_done_fd, _json.dumps(said).encode())
-    except OSError:
-        pass
-    try:
-        # This process's teardown (a fork of the interpreter: a millisecond or more) yields
-        # the CPU to the answer.
-        _os.setpriority(_os.PRIO_PROCESS, 0, 19)
-    except OSError:
-        pass
     _os._exit(code)
 
 

@@ -326,14 +326,12 @@ async fn cgroups_are_used_when_root() {
 
 #[tokio::test]
 async fn warm_pool_serves_identical_runs_once_each() {
-    use gearbox_engine::{Config, Engine};
+    use gearbox_engine::{Config, Engine, PoolConfig};
     let rt = crate::support::runtime();
     let engine = {
         let _g = rt.enter();
         let config = Config {
-            pool: [("python".to_string(), 1), ("bash".to_string(), 1)]
-                .into_iter()
-                .collect(),
+            pool: PoolConfig::only([("python".to_string(), 1), ("bash".to_string(), 1)]),
             ..Config::default()
         };
         std::sync::Arc::new(Engine::new(config, crate::support::gearbox_bin()))

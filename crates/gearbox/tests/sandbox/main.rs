@@ -12,5 +12,6 @@ mod cgroups;
 mod escape;
 mod exec;
 mod fork_server;
+mod integrity;
 mod sessions;
 mod support;

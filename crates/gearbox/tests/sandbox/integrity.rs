@@ -1,0 +1,409 @@
+//! Sandbox integrity on every path a run can take: nothing of one run reaches the next,
+//! the outcome is the supervisor's, limits hold with or without root.
+//!
+//! Paths: `cold` (a helper per run), `warm` (the default pool: helper-built warm sandboxes,
+//! or the fork servers where the host has root and cgroups), and, where the host has root
+//! and cgroups, each fork server on its own (`python-fork`, `javascript-fork`). Each check
+//! names the path in its failure message.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gearbox_core::{ExecRequest, LimitOverrides, Outcome, Status};
+use gearbox_engine::{Config, Engine, PoolConfig};
+
+use crate::support::{Run, root_and_cgroups, run};
+
+fn engine_with(pool: PoolConfig) -> Arc<Engine> {
+    let _g = crate::support::runtime().enter();
+    let config = Config {
+        pool,
+        ..Config::default()
+    };
+    Arc::new(Engine::new(config, crate::support::gearbox_bin()))
+}
+
+/// The paths a run of `language` can take on this host, each with an engine that takes it:
+/// `cold`, and the warm one (`{language}-fork` where a fork server serves the language,
+/// else `warm`, a helper-built warm sandbox).
+fn paths(language: &str) -> Vec<(String, Arc<Engine>)> {
+    let warm = if matches!(language, "python" | "javascript")
+        && root_and_cgroups("fork-server paths of the integrity checks")
+    {
+        format!("{language}-fork")
+    } else {
+        "warm".to_string()
+    };
+    vec![
+        ("cold".to_string(), engine_with(PoolConfig::only([]))),
+        (
+            warm,
+            engine_with(PoolConfig::only([(language.to_string(), 1)])),
+        ),
+    ]
+}
+
+async fn exec(engine: &Arc<Engine>, req: ExecRequest) -> Outcome {
+    let e = Arc::clone(engine);
+    crate::support::runtime()
+        .spawn(async move { e.execute(req, None).await })
+        .await
+        .expect("run task")
+}
+
+/// Run `r` on `engine`; on a pooled engine, only once a warm sandbox is ready and checked to
+/// have served it (a run that fell back to a cold start would test the wrong path).
+async fn on(path: &str, engine: &Arc<Engine>, r: Run) -> Outcome {
+    if path == "cold" {
+        return exec(engine, r.req).await;
+    }
+    let hits = || engine.pool_stats().iter().map(|s| s.hits).sum::<u64>();
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while engine.pool_stats().iter().all(|s| s.ready == 0) {
+        assert!(
+            std::time::Instant::now() < until,
+            "{path}: no warm sandbox after 60 s: {:?}",
+            engine.pool_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if path.ends_with("-fork") {
+        assert!(
+            engine.pool_stats().iter().all(|s| s.fork_server),
+            "{path}: not a fork server: {:?}",
+            engine.pool_stats()
+        );
+    }
+    let before = hits();
+    let o = exec(engine, r.req).await;
+    assert_eq!(hits(), before + 1, "{path}: not served warm: {o:?}");
+    o
+}
+
+/// A program that writes a forged end — the old done message and init's `exited` line — to
+/// every descriptor it holds beyond 0, 1 and 2, then burns CPU time and exits 3. It prints
+/// the descriptors it found.
+fn forger(language: &str) -> String {
+    let fake = r#"{"code":0,"cpu_time_ms":1,"max_rss_kb":1}\n{"t":"exited","code":0,"signal":null,"cpu_time_ms":1,"max_rss_kb":1}\n{"t":"exited","code":0}\n"#;
+    match language {
+        "python" => format!(
+            r#"import os, fcntl, time
+held = []
+for fd in range(3, 1024):
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError:
+        continue
+    held.append((fd, os.readlink('/proc/self/fd/%d' % fd)))
+print('held', held, flush=True)
+for fd, _ in held:
+    try:
+        os.write(fd, b'{fake}')
+    except OSError:
+        pass
+# Burn 300 ms of CPU time (not of wall-clock time: the machine may be loaded).
+while time.process_time() < 0.3:
+    pass
+raise SystemExit(3)
+"#
+        ),
+        "javascript" => format!(
+            r#"const fs = require('fs');
+const held = [];
+for (const name of fs.readdirSync('/proc/self/fd')) {{
+  const fd = Number(name);
+  if (fd < 3) continue;
+  try {{ held.push([fd, fs.readlinkSync('/proc/self/fd/' + name)]); }} catch {{}}
+}}
+console.log('held', JSON.stringify(held));
+// A pipe whose both ends this process holds is its own event loop's (writing garbage there
+// crashes only the program itself); anything else could lead to a supervisor.
+const ends = {{}};
+for (const [, what] of held) ends[what] = (ends[what] || 0) + 1;
+const outward = held.filter(([, what]) => what.startsWith('socket:') || (what.startsWith('pipe:') && ends[what] < 2));
+console.log('outward', JSON.stringify(outward));
+for (const [fd] of outward) {{
+  try {{ fs.writeSync(fd, '{fake}'); }} catch {{}}
+}}
+const t = process.cpuUsage();
+while (process.cpuUsage(t).user + process.cpuUsage(t).system < 300000) {{}}
+process.exitCode = 3;
+"#
+        ),
+        _ => format!(
+            r#"held=""
+for f in /proc/self/fd/*; do n=${{f##*/}}; [ "$n" -gt 2 ] && held="$held $n:$(readlink $f)"; done
+echo "held$held"
+for f in /proc/self/fd/*; do n=${{f##*/}}; [ "$n" -gt 2 ] && printf '{fake}' >&$n 2>/dev/null; done
+for ((i = 0; i < 300000; i++)); do :; done
+exit 3
+"#
+        ),
+    }
+}
+
+#[tokio::test]
+async fn the_outcome_is_the_supervisors_and_programs_hold_only_stdio() {
+    for language in ["python", "javascript", "bash"] {
+        for (path, engine) in paths(language) {
+            for _ in 0..2 {
+                let o = on(&path, &engine, run(language, &forger(language))).await;
+                let at = format!("{language} on {path}");
+                assert_eq!(o.status, Status::Error, "{at}: {o:?}");
+                assert_eq!(o.exit_code, Some(3), "{at}: {o:?}");
+                // The program burnt 300 ms of CPU time (Bash: a fixed count of iterations):
+                // the figures are the supervisor's, not the forged 1 ms.
+                let cpu = o.usage.cpu_time_ms.expect("CPU time measured");
+                let least = if language == "bash" { 50 } else { 290 };
+                assert!(cpu >= least, "{at}: CPU time {cpu} ms: {o:?}");
+                assert!(o.duration_ms >= least, "{at}: {o:?}");
+                let held = o.stdout.lines().next().unwrap_or_default();
+                match language {
+                    // Python: nothing at all beyond stdio (the opened /proc/self/fd/N of
+                    // readlink is closed again before the next check).
+                    "python" => assert_eq!(held, "held []", "{at}: {o:?}"),
+                    // Node's own event loop holds epoll fds, eventfds and pipes whose both
+                    // ends it holds; nothing leads outward.
+                    "javascript" => assert!(o.stdout.contains("\noutward []\n"), "{at}: {o:?}"),
+                    // The shell's directory listing of its own fds.
+                    _ => assert!(
+                        !held.contains("socket:") && !held.contains("pipe:"),
+                        "{at}: {held}"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Fields a program prints that must differ between any two runs.
+fn entropy_probe(language: &str) -> &'static str {
+    match language {
+        "python" => {
+            "import os, random, uuid, secrets, tempfile\n\
+             print(os.urandom(8).hex(), random.random(), random.getrandbits(64), uuid.uuid4(), \
+             secrets.token_hex(8), secrets.randbelow(1 << 60), next(tempfile._get_candidate_names()), \
+             random.SystemRandom().random())"
+        }
+        _ => {
+            "const c = require('crypto');\n\
+             console.log(c.randomBytes(8).toString('hex'), Math.random(), Math.random(), c.randomUUID(), \
+             c.getRandomValues(new Uint32Array(2)).join('.'), c.webcrypto.getRandomValues(new Uint8Array(8)).join('.'), \
+             c.randomInt(2 ** 47), c.generateKeySync('hmac', { length: 64 }).export().toString('hex'))"
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_run_gets_fresh_entropy() {
+    for language in ["python", "javascript"] {
+        for (path, engine) in paths(language) {
+            let mut seen: Vec<Vec<String>> = vec![];
+            for _ in 0..3 {
+                let o = on(&path, &engine, run(language, entropy_probe(language))).await;
+                assert_eq!(o.status, Status::Ok, "{language} on {path}: {o:?}");
+                let fields: Vec<String> = o.stdout.split_whitespace().map(String::from).collect();
+                assert_eq!(fields.len(), 8, "{language} on {path}: {o:?}");
+                for earlier in &seen {
+                    for (i, (a, b)) in earlier.iter().zip(&fields).enumerate() {
+                        assert_ne!(
+                            a, b,
+                            "{language} on {path}: field {i} repeated between runs: {earlier:?} / {fields:?}"
+                        );
+                    }
+                }
+                seen.push(fields);
+            }
+        }
+    }
+}
+
+/// A fork server serves at most `fork_server_max_runs` runs: what a fork cannot renew (here
+/// Python's string hash seed, fixed when the interpreter starts) is shared by at most that
+/// many runs, and fresh fork servers keep serving.
+#[tokio::test]
+async fn a_fork_server_serves_a_bounded_number_of_runs() {
+    if !root_and_cgroups("fork server life") {
+        return;
+    }
+    let engine = engine_with(PoolConfig {
+        fork_server_max_runs: 2,
+        ..PoolConfig::only([("python".to_string(), 1)])
+    });
+    let mut seeds: Vec<String> = vec![];
+    for _ in 0..7 {
+        let o = on(
+            "python-fork",
+            &engine,
+            run("python", "print(hash('gearbox-seed'))"),
+        )
+        .await;
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        seeds.push(o.stdout.trim().to_string());
+    }
+    for s in &seeds {
+        let n = seeds.iter().filter(|t| *t == s).count();
+        assert!(n <= 2, "one hash seed served {n} runs: {seeds:?}");
+    }
+    assert!(engine.fork_servers_retired() >= 2, "{seeds:?}");
+}
+
+#[tokio::test]
+async fn an_expired_timeout_is_a_timeout_whatever_the_cpu_limit() {
+    for (language, code) in [
+        ("python", "while True:\n    pass\n"),
+        ("javascript", "for (;;) {}"),
+        ("bash", "while :; do :; done"),
+    ] {
+        for (path, engine) in paths(language) {
+            if path == "warm" {
+                // A helper-built warm sandbox serves only runs with the default limits.
+                continue;
+            }
+            let o = on(&path, &engine, run(language, code).timeout_ms(1000)).await;
+            assert_eq!(o.status, Status::Timeout, "{language} on {path}: {o:?}");
+            assert!(
+                o.reason
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("wall-clock"),
+                "{language} on {path}: {o:?}"
+            );
+        }
+    }
+}
+
+/// `/proc/sys/user` of the run's own user namespace bounds its share of the host user's
+/// inotify budget.
+#[tokio::test]
+async fn a_run_cannot_exhaust_the_host_users_kernel_counters() {
+    let code = "import ctypes, os\n\
+                libc = ctypes.CDLL(None, use_errno=True)\n\
+                print(open('/proc/sys/user/max_inotify_instances').read().strip())\n\
+                fds = []\n\
+                for _ in range(200):\n\
+                \x20   fd = libc.inotify_init()\n\
+                \x20   if fd < 0:\n\
+                \x20       break\n\
+                \x20   fds.append(fd)\n\
+                print(len(fds), os.strerror(ctypes.get_errno()))\n";
+    for (path, engine) in paths("python") {
+        let o = on(&path, &engine, run("python", code)).await;
+        assert_eq!(o.status, Status::Ok, "python on {path}: {o:?}");
+        let lines: Vec<&str> = o.stdout.lines().collect();
+        assert_eq!(lines.first(), Some(&"16"), "python on {path}: {o:?}");
+        let held: usize = lines
+            .get(1)
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(usize::MAX);
+        assert!(held <= 16, "python on {path}: {o:?}");
+    }
+}
+
+/// `memory_mb` holds for the run as a whole, whether the kernel bounds it (a cgroup) or the
+/// helper samples it (no cgroup: an unprivileged helper): shared anonymous memory, many
+/// processes, memfd. The peak is measured, never a small wrong number.
+#[tokio::test]
+async fn the_memory_limit_holds_for_the_whole_run() {
+    let limits = LimitOverrides {
+        memory_mb: Some(128),
+        timeout_ms: Some(20_000),
+        ..Default::default()
+    };
+    let hogs = [
+        (
+            "shared anonymous mapping",
+            "import mmap, time\nm = mmap.mmap(-1, 1 << 30)\nfor i in range(0, 1 << 30, 4096):\n    m[i] = 1\nprint('HELD', flush=True)\ntime.sleep(1)\n",
+        ),
+        (
+            "eight children",
+            "import os, time\nkids = []\nfor _ in range(8):\n    pid = os.fork()\n    if pid == 0:\n        b = bytearray(100 << 20)\n        for i in range(0, len(b), 4096):\n            b[i] = 1\n        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\nif all(os.waitpid(p, 0)[1] == 0 for p in kids):\n    print('HELD', flush=True)\nelse:\n    raise SystemExit('a child was killed')\n",
+        ),
+        (
+            "memfd",
+            "import os\nfd = os.memfd_create('x')\nchunk = b'x' * (1 << 20)\nfor _ in range(1024):\n    os.write(fd, chunk)\nprint('HELD', flush=True)\n",
+        ),
+    ];
+    for (path, engine) in paths("python") {
+        // A warm sandbox serves runs with the default limits (512 MiB): the hogs pass those
+        // too.
+        let limits = if path == "cold" {
+            limits.clone()
+        } else {
+            LimitOverrides::default()
+        };
+        for (what, code) in hogs {
+            let o = on(&path, &engine, run("python", code).limits(limits.clone())).await;
+            let at = format!("{what} on {path}");
+            assert!(!o.stdout.contains("HELD"), "{at}: {o:?}");
+            assert_ne!(o.status, Status::Ok, "{at}: {o:?}");
+            assert!(
+                matches!(
+                    o.usage.memory_limit.as_deref(),
+                    Some("cgroup") | Some("sampled")
+                ),
+                "{at}: {o:?}"
+            );
+        }
+        // A run that holds 64 MiB in a child for a moment reports at least that much.
+        let o = on(
+            &path,
+            &engine,
+            run(
+                "python",
+                "import os, time\npid = os.fork()\nif pid == 0:\n    b = bytearray(64 << 20)\n    for i in range(0, len(b), 4096):\n        b[i] = 1\n    time.sleep(0.5)\n    os._exit(0)\nos.waitpid(pid, 0)\n",
+            )
+            .limits(limits.clone()),
+        )
+        .await;
+        assert_eq!(o.status, Status::Ok, "peak on {path}: {o:?}");
+        let peak = o.usage.peak_memory_kb.expect("a measured peak");
+        assert!(peak >= 60 << 10, "peak on {path}: {peak} KiB: {o:?}");
+    }
+}
+
+/// `[sandbox] require_limits` refuses runs where the kernel cannot bound a run as a whole,
+/// and only there.
+#[tokio::test]
+async fn require_limits_refuses_only_hosts_without_whole_run_limits() {
+    let engine = {
+        let _g = crate::support::runtime().enter();
+        Arc::new(Engine::new(
+            Config {
+                pool: PoolConfig::only([]),
+                sandbox: gearbox_engine::SandboxConfig {
+                    require_limits: true,
+                },
+                ..Config::default()
+            },
+            crate::support::gearbox_bin(),
+        ))
+    };
+    let o = exec(&engine, run("python", "print(6 * 7)").req).await;
+    match gearbox_sandbox::unenforced_limits() {
+        None => assert_eq!((o.status, o.stdout.as_str()), (Status::Ok, "42\n"), "{o:?}"),
+        Some(_) => {
+            assert_eq!(o.status, Status::Denied, "{o:?}");
+            assert!(
+                o.reason
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("require_limits"),
+                "{o:?}"
+            );
+        }
+    }
+    let e = Arc::clone(&engine);
+    let o = crate::support::runtime()
+        .spawn(async move {
+            e.execute(
+                run("python", "print(1)").req,
+                Some(gearbox_core::BackendKind::Process),
+            )
+            .await
+        })
+        .await
+        .expect("run task");
+    assert_eq!(o.status, Status::Denied, "{o:?}");
+}
