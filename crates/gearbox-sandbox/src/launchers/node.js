@@ -6,6 +6,8 @@
 const fs = require('fs');
 const Module = require('module');
 const job = JSON.parse(fs.readFileSync(3, 'utf8'));
+// The program sees only stdin, stdout and stderr.
+fs.closeSync(3);
 for (const k of Object.keys(process.env)) delete process.env[k];
 Object.assign(process.env, job.env);
 process.chdir('/work');
