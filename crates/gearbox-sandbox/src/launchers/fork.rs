@@ -689,7 +689,7 @@ fn program(
             let mut buf = Buf::new();
             let _ = write!(
                 buf,
-                "{{\"t\":\"applied\",\"mechanisms\":[\"capabilities: none\",\"no_new_privs\",\"{landlock}\",\"seccomp: {} filters (deny list; {} set in the fork server)\"]}}",
+                "{{\"t\":\"applied\",\"mechanisms\":[\"capabilities: none\",\"no_new_privs\",\"{landlock}\",\"seccomp: {} filters (allow list; {} set in the fork server)\"]}}",
                 config.nfilters + config.inherited,
                 config.inherited
             );
