@@ -10,7 +10,7 @@
 //! run's pid 1 straight into fresh mount, network, IPC, UTS and pid namespaces; once in its
 //! own cgroup it takes a cgroup namespace, scratch tmpfs and /proc, and forks the program,
 //! which restricts itself exactly as the cold path's program does (setsid, rlimits, every
-//! capability dropped, no_new_privs, Landlock, the cold path's seccomp deny list: part
+//! capability dropped, no_new_privs, Landlock, the cold path's seccomp allow list: part
 //! inherited from the fork server, the rest its own, see `jail/seccomp.rs`) and then blocks
 //! reading its program from stdin. The loop, init and the restriction are native
 //! (`launchers/fork.rs`); only the program runs Python or JavaScript. Nothing is shared

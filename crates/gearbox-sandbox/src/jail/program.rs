@@ -70,7 +70,7 @@ fn prepare_and_exec(
     for f in filters {
         seccompiler::apply_filter(f).step("install seccomp filter")?;
     }
-    applied.push(format!("seccomp: {} filters (deny list)", filters.len()));
+    applied.push(format!("seccomp: {} filters (allow list)", filters.len()));
     if !have_cgroup {
         let f = super::memwatch::unaccounted_memory_filter().step("compile memory filter")?;
         seccompiler::apply_filter(&f).step("install memory filter")?;

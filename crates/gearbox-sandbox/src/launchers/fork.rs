@@ -764,7 +764,7 @@ fn program(config: &Config, chan: c_int, stdin: c_int, stdout: c_int, stderr: c_
             let mut buf = Buf::new();
             let _ = write!(
                 buf,
-                "{{\"t\":\"applied\",\"mechanisms\":[\"capabilities: none\",\"no_new_privs\",\"{landlock}\",\"seccomp: {} filters (deny list; {} set in the fork server)\"]}}",
+                "{{\"t\":\"applied\",\"mechanisms\":[\"capabilities: none\",\"no_new_privs\",\"{landlock}\",\"seccomp: {} filters (allow list; {} set in the fork server)\"]}}",
                 config.nfilters + config.inherited,
                 config.inherited
             );

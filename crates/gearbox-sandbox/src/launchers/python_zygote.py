@@ -19,7 +19,7 @@
 # control socket, stdin, stdout and stderr. How a program ended is reported by the run's init
 # from the wait status, never by the program. Each program builds its Landlock ruleset itself, with the rules of
 # jail/landlock.rs (Landlock rules name inodes, and each run's /work, /tmp and /dev/shm are
-# new). The seccomp deny list is the cold path's compiled BPF in two parts (jail/seccomp.rs,
+# new). The seccomp policy is the cold path's compiled BPF in two parts (jail/seccomp.rs,
 # compile_split): /.gearbox/seccomp-server-N.bpf, which the fork server installs in itself
 # (every program inherits it), and /.gearbox/seccomp-N.bpf, which each program adds.
 # /.gearbox/zygote.json holds the limits. The run's init

@@ -13,7 +13,7 @@ use gearbox_engine::{Config, Engine, PoolConfig};
 use crate::support::{Run, root_and_cgroups, run};
 
 /// An engine whose only pool is `language`'s, served by its fork server.
-fn forked_engine_for(language: &str, min: usize) -> Arc<Engine> {
+pub(crate) fn forked_engine_for(language: &str, min: usize) -> Arc<Engine> {
     let _g = crate::support::runtime().enter();
     let config = Config {
         pool: PoolConfig::only([(language.to_string(), min)]),
@@ -59,7 +59,7 @@ async fn exec(engine: &Arc<Engine>, req: ExecRequest) -> Outcome {
 }
 
 /// Run `r` in a forked sandbox and check that it was one.
-async fn forked(engine: &Arc<Engine>, r: Run) -> Outcome {
+pub(crate) async fn forked(engine: &Arc<Engine>, r: Run) -> Outcome {
     ready(engine, 1).await;
     let before = python_stats(engine).hits;
     let o = exec(engine, r.req).await;
@@ -198,7 +198,7 @@ print('nice', os.getpriority(os.PRIO_PROCESS, 0))
     assert_eq!(o.status, Status::Ok, "{o:?}");
     assert_restricted(&o.stdout);
     assert!(o.stdout.contains("unshare -1 mount -1"), "{}", o.stdout);
-    // The deny list's two parts (the fork server's, inherited, and the program's own): EPERM
+    // The policy's two parts (the fork server's, inherited, and the program's own): EPERM
     // and ENOSYS from the filters, not what the kernel would answer without them.
     for line in [
         "io_uring_setup errno 1",
