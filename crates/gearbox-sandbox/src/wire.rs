@@ -127,9 +127,19 @@ fn read_frame<R: Read>(r: &mut R) -> Result<Vec<u8>, String> {
 fn read_files<R: Read>(r: &mut R, names: &[(String, u64)]) -> Result<Vec<Vec<u8>>, String> {
     let mut files = Vec::with_capacity(names.len());
     for (name, size) in names {
-        let mut content = vec![0u8; usize::try_from(*size).map_err(|e| e.to_string())?];
-        r.read_exact(&mut content)
+        // Grow with the bytes that arrive, not with the size the header announces: a size
+        // no stream delivers is an error, not an allocation that aborts the process.
+        let mut content = Vec::with_capacity(usize::try_from(*size).unwrap_or(0).min(1 << 20));
+        r.by_ref()
+            .take(*size)
+            .read_to_end(&mut content)
             .map_err(|e| format!("reading file {name}: {e}"))?;
+        if content.len() as u64 != *size {
+            return Err(format!(
+                "reading file {name}: the stream ended after {} of {size} bytes",
+                content.len()
+            ));
+        }
         files.push(content);
     }
     Ok(files)
@@ -180,4 +190,30 @@ pub fn read_request<R: Read>(r: &mut R) -> Result<(JailSpec, Vec<Vec<u8>>), Stri
     let spec: JailSpec = serde_json::from_slice(&json).map_err(|e| format!("parsing spec: {e}"))?;
     let files = read_files(r, &spec.files)?;
     Ok((spec, files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (found by `proptests::announced_file_sizes_are_not_trusted`): `read_files`
+    /// allocated the size a header announced before reading a byte, so a size above
+    /// `isize::MAX` panicked ("capacity overflow") and a smaller huge one aborted the helper
+    /// ("memory allocation of 6926914525241934501 bytes failed").
+    #[test]
+    fn a_huge_announced_file_is_an_error() {
+        for size in [u64::MAX, 1 << 42, u64::from(u32::MAX) + 1] {
+            let h = HandOver {
+                argv: vec!["x".into()],
+                program_argv: vec![],
+                env: BTreeMap::new(),
+                files: vec![("big".into(), size)],
+                limits: None,
+            };
+            let mut bytes = encode_handover(&h).expect("encode");
+            bytes.extend_from_slice(b"only a few bytes");
+            let e = read_handover(&mut &bytes[..]).expect_err("too short");
+            assert!(e.contains("reading file big"), "{e}");
+        }
+    }
 }
