@@ -79,6 +79,14 @@ fn looks_like_url(t: &str) -> bool {
     t.contains("://") || t.contains("git+") || t.starts_with("git@") || t.contains("github:")
 }
 
+/// A character of a URL requirement: RFC 3986's, less `$` and `;`. uv reads requirements
+/// as a requirements file, which expands `${VAR}` (the installer's environment, proxies
+/// included, into a URL the caller chose), continues a line ending in a backslash, and
+/// takes what follows whitespace as options or a comment.
+fn url_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._~:/?#[]@!&'()*+,=%".contains(c)
+}
+
 const URL_REFUSED: &str = "URL and VCS requirements are refused (the server's \
                            packages.allow_urls is false); give a package name and version";
 
@@ -164,8 +172,12 @@ fn python(r: &str, allow_urls: bool) -> Result<String, String> {
         let ok_scheme = ["https://", "http://", "git+https://"]
             .iter()
             .any(|s| url.starts_with(s));
-        if !ok_scheme || url.chars().any(char::is_whitespace) {
-            return Err("a URL requirement must be `name @ https://...`".into());
+        if !ok_scheme || !url.chars().all(url_char) {
+            return Err(
+                "a URL requirement must be `name @ https://...`, in URL characters (no \
+                 whitespace, `$` or backslash)"
+                    .into(),
+            );
         }
         return Ok(format!("{out} @ {url}"));
     }
@@ -341,6 +353,33 @@ mod tests {
             )
             .expect("allowed")[0],
             "pkg @ https://x.example/p.whl"
+        );
+    }
+
+    /// Regression (found by `proptests::hostile_requirements_never_pass_unsafe`): with
+    /// `allow_urls`, a URL could end in a backslash (continuing the line into the next
+    /// requirement) or carry `${VAR}`, which a requirements file expands.
+    #[test]
+    fn url_requirements_hold_only_url_characters() {
+        for bad in [
+            "pkg @ https://x.example/\\",
+            "pkg @ https://x.example/${HTTPS_PROXY}",
+            "pkg @ https://x.example/$HOME",
+            "pkg @ https://x.example/\"q\"",
+            "pkg @ https://x.example/a\u{a0}b",
+            "pkg @ https://x.example/é",
+        ] {
+            let e = normalize(Ecosystem::Python, &[bad.into()], true).expect_err(bad);
+            assert!(e.contains("URL characters"), "{bad}: {e}");
+        }
+        assert_eq!(
+            normalize(
+                Ecosystem::Python,
+                &["pkg @ https://x.example/p-1.0.whl#sha256=ab%20".into()],
+                true
+            )
+            .expect("allowed")[0],
+            "pkg @ https://x.example/p-1.0.whl#sha256=ab%20"
         );
     }
 
