@@ -246,8 +246,18 @@ fn ok(value: Value, text: String) -> CallToolResponse {
     r.into()
 }
 
+/// A session file's URI, its path percent-encoded but for unreserved characters and `/`,
+/// so that [`parse_uri`] gives back exactly that path (`100%.txt`, `a%41`).
 fn file_uri(id: &SessionId, path: &str) -> String {
-    format!("{SESSIONS_PREFIX}{id}/files/{path}")
+    let mut uri = format!("{SESSIONS_PREFIX}{id}/files/");
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            uri.push(char::from(b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri
 }
 
 /// Handle a session tool, or a session run of `execute_code`; `None` for any other call.
@@ -570,8 +580,10 @@ fn percent_decode(s: &str) -> Result<String, String> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
+            // Two hex digits: `u8::from_str_radix` alone would also take a sign (`%+1`).
             let hex = b
                 .get(i + 1..i + 3)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| format!("bad percent escape in {s:?}"))?;
@@ -590,17 +602,30 @@ pub fn is_session_uri(uri: &str) -> bool {
     uri.starts_with(SESSIONS_PREFIX)
 }
 
+/// The session of a session resource URI and, for a file, its percent-decoded path (not
+/// yet validated: the store validates every path it is given).
+fn parse_uri(uri: &str) -> Result<(SessionId, Option<String>), String> {
+    let rest = uri.strip_prefix(SESSIONS_PREFIX).unwrap_or_default();
+    let (id, tail) = match rest.split_once('/') {
+        Some((id, tail)) => (id, Some(tail)),
+        None => (rest, None),
+    };
+    let id = SessionId::parse("session id", id)?;
+    let Some(tail) = tail else {
+        return Ok((id, None));
+    };
+    let Some(encoded) = tail.strip_prefix("files/") else {
+        return Err(format!("no resource {uri:?}; try {FILES_TEMPLATE}"));
+    };
+    Ok((id, Some(percent_decode(encoded)?)))
+}
+
 /// `resources/read` of `gearbox://sessions/{id}/files/{path}` (and `gearbox://sessions/{id}`
 /// for the manifest).
 pub fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceResult, McpError> {
     let not_found = |m: String| McpError::resource_not_found(m, Some(json!({ "uri": uri })));
     let store = store(engine).map_err(not_found)?;
-    let rest = uri.strip_prefix(SESSIONS_PREFIX).unwrap_or_default();
-    let (id, path) = match rest.split_once('/') {
-        Some((id, tail)) => (id, Some(tail)),
-        None => (rest, None),
-    };
-    let id = SessionId::parse("session id", id).map_err(not_found)?;
+    let (id, path) = parse_uri(uri).map_err(not_found)?;
     match path {
         None => {
             let files = store.files(&id).map_err(|e| not_found(e.to_string()))?;
@@ -609,13 +634,7 @@ pub fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceResult, M
                 ResourceContents::text(body.to_string(), uri).with_mime_type("application/json"),
             ]))
         }
-        Some(tail) => {
-            let Some(encoded) = tail.strip_prefix("files/") else {
-                return Err(not_found(format!(
-                    "no resource {uri:?}; try {FILES_TEMPLATE}"
-                )));
-            };
-            let path = percent_decode(encoded).map_err(not_found)?;
+        Some(path) => {
             let art = store
                 .read(&id, &path, 0, MAX_ARTIFACT_BYTES)
                 .map_err(|e| not_found(e.to_string()))?;
@@ -692,6 +711,35 @@ mod tests {
         assert!(percent_decode("%zz").is_err());
         assert!(percent_decode("%2").is_err());
         assert!(percent_decode("%ff").is_err());
+    }
+
+    /// Regression (found by `proptests::decoding_is_strict`): a `+` after `%` was taken as
+    /// a sign by `u8::from_str_radix`, so `%+1` decoded to byte 1 although only `%XX` is an
+    /// escape.
+    #[test]
+    fn a_sign_is_not_a_hex_digit() {
+        for bad in ["%+1", "%+f", "a%+0b", "%-1"] {
+            assert!(percent_decode(bad).is_err(), "{bad:?} decoded");
+        }
+    }
+
+    /// Regression (found by `proptests::a_listed_file_uri_names_that_file`): a file's URI
+    /// carried its path unencoded, so `100%.txt` was listed with a URI that did not parse and
+    /// `a%41` with one that named another file, `aA`.
+    #[test]
+    fn listed_uris_encode_what_decoding_would_change() {
+        let id = SessionId::new();
+        for path in ["100%.txt", "a%41", "with space/x.txt", "é.txt", "a#b?c"] {
+            assert_eq!(
+                parse_uri(&file_uri(&id, path)),
+                Ok((id, Some(path.to_string()))),
+                "{path}"
+            );
+        }
+        assert_eq!(
+            file_uri(&id, "out/result.txt"),
+            format!("{SESSIONS_PREFIX}{id}/files/out/result.txt")
+        );
     }
 
     #[test]
