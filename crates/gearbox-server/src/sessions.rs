@@ -751,3 +751,126 @@ mod tests {
         assert_eq!(utf8_prefix(b"a\0b").0, None);
     }
 }
+
+/// Property tests of session resource URIs, which a client writes: any URI parses to an
+/// error or to a session id and a decoded path without panicking; decoding is strict
+/// (`%XX` only) and undoes any encoding; a file's listed URI reads back that very file.
+/// `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `s` with the characters `mask` picks (and every `%`) encoded as `%XX`, upper or
+    /// lower case hex.
+    fn encode(s: &str, mask: &[bool], lower: bool) -> String {
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            let picked = !mask.is_empty() && mask[i % mask.len()];
+            if picked || c == '%' {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    out.push_str(&if lower {
+                        format!("%{b:02x}")
+                    } else {
+                        format!("%{b:02X}")
+                    });
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    fn tail() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("%".to_string()),
+            Just("%2e".to_string()),
+            Just("%2F".to_string()),
+            Just("%+1".to_string()),
+            Just("%00".to_string()),
+            Just("%ff".to_string()),
+            Just("%c3%a9".to_string()),
+            Just("..".to_string()),
+            Just("/".to_string()),
+            Just("files/".to_string()),
+            "[a-z0-9.]{1,4}",
+            any::<char>().prop_map(String::from),
+        ];
+        proptest::collection::vec(piece, 0..10).prop_map(|v| v.concat())
+    }
+
+    fn uri() -> impl Strategy<Value = String> {
+        let id = prop_oneof![
+            Just(SessionId::new().to_string()),
+            "[0-9a-f-]{36}",
+            any::<String>(),
+        ];
+        (
+            prop::sample::select(vec![
+                SESSIONS_PREFIX,
+                "gearbox://sessions",
+                "gearbox://",
+                "",
+            ]),
+            id,
+            prop::sample::select(vec!["", "/", "/files/", "/files", "/other/"]),
+            tail(),
+        )
+            .prop_map(|(prefix, id, sep, tail)| format!("{prefix}{id}{sep}{tail}"))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn decoding_is_strict(s in prop_oneof![tail(), any::<String>()]) {
+            if percent_decode(&s).is_ok() {
+                let b = s.as_bytes();
+                for (i, _) in s.match_indices('%') {
+                    prop_assert!(
+                        b.len() > i + 2 && b[i + 1].is_ascii_hexdigit() && b[i + 2].is_ascii_hexdigit(),
+                        "{:?} decoded",
+                        s
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn decoding_undoes_any_encoding(
+            s in any::<String>(),
+            mask in proptest::collection::vec(any::<bool>(), 0..8),
+            lower in any::<bool>(),
+        ) {
+            prop_assert_eq!(percent_decode(&encode(&s, &mask, lower)), Ok(s));
+        }
+
+        #[test]
+        fn uris_parse_to_an_id_and_a_path_or_an_error(uri in uri()) {
+            if let Ok((id, path)) = parse_uri(&uri) {
+                prop_assert!(uri.starts_with(&format!("{SESSIONS_PREFIX}{id}")), "{}", uri);
+                if let Some(path) = path {
+                    // What the store would then accept is a plain relative path.
+                    if gearbox_core::validate_relative_path("path", &path).is_ok() {
+                        prop_assert!(std::path::Path::new(&path)
+                            .components()
+                            .all(|c| matches!(c, std::path::Component::Normal(_))));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn a_listed_file_uri_names_that_file(
+            parts in proptest::collection::vec("[^/\\p{Cc}\\\\]{1,12}", 1..4),
+        ) {
+            let path = parts.join("/");
+            prop_assume!(gearbox_core::validate_relative_path("p", &path).is_ok());
+            let id = SessionId::new();
+            prop_assert_eq!(parse_uri(&file_uri(&id, &path)), Ok((id, Some(path.clone()))));
+        }
+    }
+}
