@@ -95,3 +95,65 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// Property tests: an artifact id comes back from the code or a client; whatever it is, a
+/// read never leaves the sink's directory, and a stored artifact's id is one plain file name.
+/// `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A fresh directory per case: `<base>/secret.json` outside the sink, `<base>/sink/` the
+    /// sink with one artifact `ok`.
+    fn fresh() -> (PathBuf, FileArtifactSink) {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir().join(format!(
+            "gearbox-art-prop-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(base.join("sink")).expect("mkdir");
+        std::fs::write(base.join("secret.json"), b"SECRET").expect("write");
+        std::fs::write(base.join("sink/ok.json"), b"ok").expect("write");
+        let sink = FileArtifactSink::new(base.join("sink"));
+        (base, sink)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn reads_stay_in_the_directory(id in prop_oneof![
+            any::<String>(),
+            "(\\.\\./|/|\\.|secret|ok|sink){0,4}",
+            Just("../secret".to_string()),
+            Just("ok".to_string()),
+        ]) {
+            let (base, sink) = fresh();
+            let got = sink.read(&id);
+            let _ = std::fs::remove_dir_all(&base);
+            match got {
+                None => {}
+                Some(bytes) => {
+                    prop_assert_eq!(&bytes[..], b"ok");
+                    prop_assert_eq!(id, "ok");
+                }
+            }
+        }
+
+        #[test]
+        fn stored_ids_are_plain_names(hint in any::<String>()) {
+            let (base, sink) = fresh();
+            let id = sink.store(&hint, b"{}").expect("store");
+            let back = sink.read(&id);
+            let _ = std::fs::remove_dir_all(&base);
+            prop_assert!(id.len() <= 200, "{}", id);
+            prop_assert!(id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+            prop_assert_eq!(back.as_deref(), Some(&b"{}"[..]));
+        }
+    }
+}

@@ -717,3 +717,253 @@ mod tests {
         assert_eq!(truncate("abc", 10), "abc");
     }
 }
+
+/// Property tests of the line protocol, whose requests come from the sandboxed code:
+/// arbitrary lines never panic the handler and always get one JSON answer; a request that
+/// parses gets its own `id` back; a call outside the allowlist is refused as
+/// `ToolNotAllowed` and recorded. `PROPTEST_CASES` raises the case count
+/// (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Refuses to store: a broker without targets never produces a result to store.
+    struct NoSink;
+
+    impl ArtifactSink for NoSink {
+        fn store(&self, _hint: &str, _bytes: &[u8]) -> Result<String, String> {
+            Err("no sink in this test".into())
+        }
+    }
+
+    const ALLOW: [&str; 3] = ["everything/get-*", "mem*/read_graph", "fs/?at"];
+
+    fn state(max_calls: u32) -> RunState {
+        let broker = Broker::new(&[], crate::BrokerConfig::default()).expect("an empty broker");
+        let limits = CallLimits {
+            max_calls,
+            ..CallLimits::default()
+        };
+        RunState {
+            broker,
+            policy: CallPolicy::new(ALLOW.iter().map(|s| s.to_string()).collect(), limits)
+                .expect("valid policy"),
+            started: Instant::now(),
+            calls: AtomicU32::new(0),
+            records: Mutex::new(Vec::new()),
+            sink: Arc::new(NoSink),
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "everything",
+                "get-sum",
+                "get-",
+                "memory",
+                "mem",
+                "read_graph",
+                "fs",
+                "cat",
+                "at",
+                "echo",
+                "",
+                "*",
+                "everything/get-x",
+                "\0",
+            ])
+            .prop_map(String::from),
+            "[a-z*?/_-]{0,10}",
+            any::<String>(),
+        ]
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            // No floats: an `id` must compare equal after a trip through text.
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(any::<String>(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A request as the SDKs write it, every field optional, values sometimes mistyped.
+    fn request() -> impl Strategy<Value = Map> {
+        (
+            json_value(),
+            prop_oneof![
+                prop::sample::select(vec!["call", "list_servers", "list_tools"])
+                    .prop_map(|s| json!(s)),
+                json_value(),
+            ],
+            proptest::option::of(name()),
+            proptest::option::of(name()),
+            proptest::option::of(json_value()),
+        )
+            .prop_map(|(id, op, server, tool, args)| {
+                let mut m = Map::new();
+                m.insert("id".into(), id);
+                m.insert("op".into(), op);
+                if let Some(s) = server {
+                    m.insert("server".into(), json!(s));
+                }
+                if let Some(t) = tool {
+                    m.insert("tool".into(), json!(t));
+                }
+                if let Some(a) = args {
+                    m.insert("args".into(), a);
+                }
+                m
+            })
+    }
+
+    type Map = serde_json::Map<String, Value>;
+
+    /// One answer: a JSON object with a boolean `ok`, an `id`, and on failure a known error
+    /// type.
+    fn check_answer(answer: &str) -> Value {
+        let v: Value = serde_json::from_str(answer).expect("the answer is JSON");
+        assert!(v["ok"].is_boolean(), "{answer}");
+        assert!(v.get("id").is_some(), "{answer}");
+        if v["ok"] == json!(false) {
+            let kind = v["error"]["type"].as_str().unwrap_or("");
+            assert!(
+                [
+                    "ToolNotAllowed",
+                    "ToolTimeout",
+                    "CallLimitExceeded",
+                    "ToolFailed",
+                    "BadRequest"
+                ]
+                .contains(&kind),
+                "{answer}"
+            );
+            assert!(v["error"]["message"].is_string(), "{answer}");
+        }
+        v
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_lines_get_one_answer(
+            line in prop_oneof![
+                any::<String>(),
+                json_value().prop_map(|v| v.to_string()),
+                (any::<f64>(), any::<String>()).prop_map(|(f, op)| {
+                    format!("{{\"id\": {f}, \"op\": {}}}", Value::String(op))
+                }),
+                proptest::collection::vec(any::<u8>(), 0..64)
+                    .prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+            ],
+        ) {
+            let state = state(1_000);
+            let answer = runtime().block_on(handle(&line, &state));
+            check_answer(&answer);
+        }
+
+        #[test]
+        fn requests_get_their_id_back_and_the_allowlist_holds(req in request()) {
+            let state = state(1_000);
+            let line = Value::Object(req.clone()).to_string();
+            let answer = check_answer(&runtime().block_on(handle(&line, &state)));
+            // Does the request parse as the protocol says?
+            let parsed = serde_json::from_value::<Request>(Value::Object(req.clone())).ok();
+            let Some(parsed) = parsed else {
+                prop_assert_eq!(&answer["id"], &Value::Null);
+                prop_assert_eq!(&answer["error"]["type"], "BadRequest");
+                return Ok(());
+            };
+            prop_assert_eq!(&answer["id"], &parsed.id);
+            let records = state.records.lock().expect("records").clone();
+            match parsed.op.as_str() {
+                "call" => {
+                    // No target exists: a call never succeeds.
+                    prop_assert_eq!(&answer["ok"], false);
+                    let (Some(server), Some(tool)) = (&parsed.server, &parsed.tool) else {
+                        prop_assert_eq!(&answer["error"]["type"], "BadRequest");
+                        return Ok(());
+                    };
+                    if !matches!(parsed.args, None | Some(Value::Null) | Some(Value::Object(_))) {
+                        prop_assert_eq!(&answer["error"]["type"], "BadRequest");
+                        return Ok(());
+                    }
+                    let allowed = ALLOW
+                        .iter()
+                        .any(|p| glob::matches(p, &format!("{server}/{tool}")));
+                    let expected = if allowed { "ToolFailed" } else { "ToolNotAllowed" };
+                    prop_assert_eq!(&answer["error"]["type"], expected);
+                    prop_assert_eq!(records.len(), 1);
+                    prop_assert_eq!(&records[0].server, server);
+                    prop_assert_eq!(&records[0].tool, tool);
+                    let outcome = if allowed { CallOutcome::Failed } else { CallOutcome::NotAllowed };
+                    prop_assert_eq!(records[0].outcome, outcome);
+                }
+                "list_servers" => {
+                    prop_assert_eq!(&answer["ok"], true);
+                    prop_assert_eq!(&answer["result"], &json!([]));
+                    prop_assert!(records.is_empty());
+                }
+                "list_tools" => {
+                    prop_assert_eq!(&answer["ok"], false);
+                    prop_assert!(records.is_empty());
+                }
+                _ => {
+                    prop_assert_eq!(&answer["error"]["type"], "BadRequest");
+                    prop_assert!(records.is_empty());
+                }
+            }
+        }
+
+        #[test]
+        fn calls_past_max_calls_are_refused(
+            max_calls in 0u32..4,
+            calls in proptest::collection::vec((name(), name()), 1..8),
+        ) {
+            let state = state(max_calls);
+            let rt = runtime();
+            for (i, (server, tool)) in calls.iter().enumerate() {
+                let line = json!({"id": i, "op": "call", "server": server, "tool": tool}).to_string();
+                let answer = check_answer(&rt.block_on(handle(&line, &state)));
+                prop_assert_eq!(&answer["id"], &json!(i));
+                if i as u32 >= max_calls {
+                    prop_assert_eq!(&answer["error"]["type"], "CallLimitExceeded");
+                } else {
+                    prop_assert_ne!(&answer["error"]["type"], "CallLimitExceeded");
+                }
+            }
+            prop_assert_eq!(state.records.lock().expect("records").len(), calls.len());
+        }
+
+        #[test]
+        fn truncate_keeps_a_maximal_prefix_of_whole_characters(s in any::<String>(), max in 0usize..64) {
+            let t = truncate(&s, max);
+            prop_assert!(s.starts_with(&t));
+            prop_assert!(t.len() <= max || t == s);
+            // Nothing more fits: the next character would pass `max`.
+            if t.len() < s.len() {
+                let next = s[t.len()..].chars().next().map_or(0, char::len_utf8);
+                prop_assert!(t.len() + next > max);
+            }
+        }
+    }
+}

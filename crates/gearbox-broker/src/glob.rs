@@ -62,3 +62,48 @@ mod tests {
         assert!(!matches("?", ""));
     }
 }
+
+/// Property tests: the allowlist's matcher agrees with a plain recursive definition of the
+/// globs, so a pattern allows exactly the names it should. `PROPTEST_CASES` raises the case
+/// count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The definition: `*` any run of characters, `?` one character, anything else itself.
+    fn reference(p: &[char], t: &[char]) -> bool {
+        match p.split_first() {
+            None => t.is_empty(),
+            Some(('*', rest)) => (0..=t.len()).any(|i| reference(rest, &t[i..])),
+            Some(('?', rest)) => !t.is_empty() && reference(rest, &t[1..]),
+            Some((c, rest)) => t.first() == Some(c) && reference(rest, &t[1..]),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn matching_agrees_with_the_definition(
+            pattern in "[ab/*?é]{0,8}",
+            text in "[ab/é]{0,10}",
+        ) {
+            let p: Vec<char> = pattern.chars().collect();
+            let t: Vec<char> = text.chars().collect();
+            prop_assert_eq!(matches(&pattern, &text), reference(&p, &t));
+        }
+
+        #[test]
+        fn any_pattern_and_name_never_panic(pattern in any::<String>(), text in any::<String>()) {
+            let _ = validate(&pattern);
+            let _ = matches(&pattern, &text);
+            // A pattern without wildcards matches exactly itself.
+            if !pattern.contains(['*', '?']) {
+                prop_assert_eq!(matches(&pattern, &text), pattern == text);
+                prop_assert!(matches(&pattern, &pattern));
+            }
+        }
+    }
+}

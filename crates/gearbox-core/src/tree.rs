@@ -521,3 +521,183 @@ mod tests {
         assert!(decode_frames(&out[..3], &LIMITS).is_err());
     }
 }
+
+/// Property tests of the workspace stream, which comes from a sandbox and is hostile:
+/// arbitrary, truncated and mutated streams never panic the decoder, and whatever it accepts
+/// keeps its promises (valid, unique paths within the limits). `PROPTEST_CASES` raises the
+/// case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use std::collections::{BTreeMap, HashSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::names::proptests::{assert_stays_inside, hostile_name};
+
+    const LIMITS: CollectLimits = CollectLimits {
+        max_files: 16,
+        max_bytes: 4096,
+    };
+
+    /// What the decoder promises about anything it returns.
+    fn assert_kept_promises(c: &Collected, limits: &CollectLimits) {
+        assert!(c.files.len() <= limits.max_files);
+        let total: u64 = c.files.iter().map(|f| f.content.len() as u64).sum();
+        assert!(total <= limits.max_bytes);
+        let mut seen = HashSet::new();
+        for f in &c.files {
+            assert_stays_inside(&f.path);
+            assert!(seen.insert(f.path.as_str()), "{:?} twice", f.path);
+        }
+    }
+
+    fn valid_files() -> impl Strategy<Value = BTreeMap<String, Vec<u8>>> {
+        proptest::collection::btree_map(
+            "[a-z0-9_.-]{0,6}[a-z0-9](/[a-zé0-9_-]{1,6}){0,3}",
+            proptest::collection::vec(any::<u8>(), 0..200),
+            0..=LIMITS.max_files,
+        )
+    }
+
+    fn summary() -> impl Strategy<Value = WalkSummary> {
+        (
+            0usize..100,
+            proptest::collection::vec(any::<String>(), 0..3),
+        )
+            .prop_map(|(skipped_count, skipped)| WalkSummary {
+                skipped_count,
+                skipped,
+                ..WalkSummary::default()
+            })
+    }
+
+    fn encode(files: &BTreeMap<String, Vec<u8>>, summary: &WalkSummary) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (path, content) in files {
+            write_file_frame(
+                &mut out,
+                path,
+                content.len() as u64,
+                &mut content.as_slice(),
+            )
+            .expect("write to a Vec");
+        }
+        let summary = WalkSummary {
+            files: files.len(),
+            bytes: files.values().map(|c| c.len() as u64).sum(),
+            ..summary.clone()
+        };
+        write_end_frame(&mut out, &summary).expect("write to a Vec");
+        out
+    }
+
+    /// A frame whose path is hostile: the decoder must check it.
+    fn hostile_frame(path: &str, content: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_file_frame(&mut out, path, content.len() as u64, &mut &content[..])
+            .expect("write to a Vec");
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Ok(c) = decode_frames(&bytes, &LIMITS) {
+                assert_kept_promises(&c, &LIMITS);
+            }
+        }
+
+        #[test]
+        fn valid_streams_round_trip(files in valid_files(), summary in summary()) {
+            prop_assume!(files.values().map(Vec::len).sum::<usize>() as u64 <= LIMITS.max_bytes);
+            let bytes = encode(&files, &summary);
+            let c = decode_frames(&bytes, &LIMITS).expect("a valid stream decodes");
+            let got: BTreeMap<String, Vec<u8>> =
+                c.files.iter().map(|f| (f.path.clone(), f.content.clone())).collect();
+            prop_assert_eq!(got, files.clone());
+            prop_assert_eq!(c.summary.skipped_count, summary.skipped_count);
+            prop_assert_eq!(&c.summary.skipped, &summary.skipped);
+        }
+
+        #[test]
+        fn truncated_streams_are_refused(
+            files in valid_files(),
+            summary in summary(),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 1..8),
+        ) {
+            let bytes = encode(&files, &summary);
+            for cut in cuts {
+                let cut = cut.index(bytes.len());
+                prop_assert!(decode_frames(&bytes[..cut], &LIMITS).is_err(), "cut at {}", cut);
+            }
+        }
+
+        #[test]
+        fn mutated_streams_never_panic(
+            files in valid_files(),
+            summary in summary(),
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..6),
+        ) {
+            let mut bytes = encode(&files, &summary);
+            for (at, byte, how) in edits {
+                if bytes.is_empty() {
+                    break;
+                }
+                let i = at.index(bytes.len());
+                match how {
+                    0 => bytes[i] = byte,
+                    1 => bytes.insert(i, byte),
+                    _ => {
+                        bytes.remove(i);
+                    }
+                }
+            }
+            if let Ok(c) = decode_frames(&bytes, &LIMITS) {
+                assert_kept_promises(&c, &LIMITS);
+            }
+        }
+
+        #[test]
+        fn hostile_paths_in_frames_never_pass_unchecked(
+            path in hostile_name(),
+            content in proptest::collection::vec(any::<u8>(), 0..16),
+            summary in summary(),
+        ) {
+            let mut bytes = hostile_frame(&path, &content);
+            let summary = WalkSummary { files: 1, bytes: content.len() as u64, ..summary };
+            write_end_frame(&mut bytes, &summary).expect("write to a Vec");
+            match decode_frames(&bytes, &LIMITS) {
+                Ok(c) => {
+                    assert_kept_promises(&c, &LIMITS);
+                    prop_assert_eq!(&c.files[0].path, &path);
+                }
+                Err(_) => prop_assert!(validate_relative_path("p", &path).is_err()),
+            }
+        }
+
+        #[test]
+        fn limits_hold_for_any_sizes(
+            sizes in proptest::collection::vec(any::<u64>(), 1..4),
+            max_files in 0usize..4,
+            max_bytes in any::<u64>(),
+        ) {
+            // Frames that announce sizes far beyond what follows, or beyond the limits.
+            let mut bytes = Vec::new();
+            for (i, size) in sizes.iter().enumerate() {
+                bytes.push(FRAME_FILE);
+                let path = format!("f{i}");
+                bytes.extend_from_slice(&(path.len() as u32).to_le_bytes());
+                bytes.extend_from_slice(path.as_bytes());
+                bytes.extend_from_slice(&size.to_le_bytes());
+                bytes.extend_from_slice(&[0u8; 8]);
+            }
+            let limits = CollectLimits { max_files, max_bytes };
+            if let Ok(c) = decode_frames(&bytes, &limits) {
+                assert_kept_promises(&c, &limits);
+            }
+        }
+    }
+}

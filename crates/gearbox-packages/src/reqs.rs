@@ -79,6 +79,14 @@ fn looks_like_url(t: &str) -> bool {
     t.contains("://") || t.contains("git+") || t.starts_with("git@") || t.contains("github:")
 }
 
+/// A character of a URL requirement: RFC 3986's, less `$` and `;`. uv reads requirements
+/// as a requirements file, which expands `${VAR}` (the installer's environment, proxies
+/// included, into a URL the caller chose), continues a line ending in a backslash, and
+/// takes what follows whitespace as options or a comment.
+fn url_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._~:/?#[]@!&'()*+,=%".contains(c)
+}
+
 const URL_REFUSED: &str = "URL and VCS requirements are refused (the server's \
                            packages.allow_urls is false); give a package name and version";
 
@@ -164,8 +172,12 @@ fn python(r: &str, allow_urls: bool) -> Result<String, String> {
         let ok_scheme = ["https://", "http://", "git+https://"]
             .iter()
             .any(|s| url.starts_with(s));
-        if !ok_scheme || url.chars().any(char::is_whitespace) {
-            return Err("a URL requirement must be `name @ https://...`".into());
+        if !ok_scheme || !url.chars().all(url_char) {
+            return Err(
+                "a URL requirement must be `name @ https://...`, in URL characters (no \
+                 whitespace, `$` or backslash)"
+                    .into(),
+            );
         }
         return Ok(format!("{out} @ {url}"));
     }
@@ -344,6 +356,33 @@ mod tests {
         );
     }
 
+    /// Regression (found by `proptests::hostile_requirements_never_pass_unsafe`): with
+    /// `allow_urls`, a URL could end in a backslash (continuing the line into the next
+    /// requirement) or carry `${VAR}`, which a requirements file expands.
+    #[test]
+    fn url_requirements_hold_only_url_characters() {
+        for bad in [
+            "pkg @ https://x.example/\\",
+            "pkg @ https://x.example/${HTTPS_PROXY}",
+            "pkg @ https://x.example/$HOME",
+            "pkg @ https://x.example/\"q\"",
+            "pkg @ https://x.example/a\u{a0}b",
+            "pkg @ https://x.example/é",
+        ] {
+            let e = normalize(Ecosystem::Python, &[bad.into()], true).expect_err(bad);
+            assert!(e.contains("URL characters"), "{bad}: {e}");
+        }
+        assert_eq!(
+            normalize(
+                Ecosystem::Python,
+                &["pkg @ https://x.example/p-1.0.whl#sha256=ab%20".into()],
+                true
+            )
+            .expect("allowed")[0],
+            "pkg @ https://x.example/p-1.0.whl#sha256=ab%20"
+        );
+    }
+
     #[test]
     fn npm_names_and_ranges() {
         assert_eq!(js("is-number").as_deref(), Ok("is-number"));
@@ -372,5 +411,226 @@ mod tests {
         assert_eq!(name_of(Ecosystem::Node, "@types/node@>=18"), "@types/node");
         assert_eq!(name_of(Ecosystem::Node, "is-number@^7"), "is-number");
         assert_eq!(name_of(Ecosystem::Python, "requests[socks]>=2"), "requests");
+    }
+}
+
+/// Property tests: requirement strings come from a tool call. Whatever they are, validation
+/// answers without panicking, and what it accepts is a package name and version only: no
+/// installer option, path, URL (unless allowed), and nothing that a requirements file (the
+/// form uv reads them in) would take as a second requirement, an option, a comment, a line
+/// continuation or a variable. `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn eco() -> impl Strategy<Value = Ecosystem> {
+        prop_oneof![Just(Ecosystem::Python), Just(Ecosystem::Node)]
+    }
+
+    /// Pieces of hostile requirements: options, paths, URLs, separators, markers, odd
+    /// characters.
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => "[a-zA-Z0-9]{1,6}",
+            2 => prop::sample::select(vec![
+                "-", "--", "-e", "--index-url", "-r", "=", "==", "~=", "!=", "<", ">", ">=", "*",
+                ".", "..", "/", "~", "@", "@scope/", ":", "://", "https://", "http://",
+                "git+", "git@", "github:", "file:", "npm:", " ", "  ", "\t", "\n", "\r", "#",
+                ";", ",", "[", "]", "(", ")", "\\", "$", "${HOME}", "%", "^", "|", "&", "'",
+                "\"", "`", "_", "+", "!", "\u{a0}", "\u{2028}", "\u{3000}", "é", "\u{0}",
+            ])
+            .prop_map(String::from),
+            1 => any::<char>().prop_map(String::from),
+        ]
+    }
+
+    fn requirement() -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => proptest::collection::vec(piece(), 1..10).prop_map(|v| v.concat()),
+            1 => any::<String>(),
+            1 => (200usize..400).prop_map(|n| "a".repeat(n)),
+            // A name, a URL scheme, then anything: the URL forms.
+            2 => (
+                "[a-z]{1,4}",
+                prop::sample::select(vec![" @ ", "@", " @", "@ "]),
+                prop::sample::select(vec!["https://", "http://", "git+https://", "file://"]),
+                proptest::collection::vec(piece(), 0..6),
+            )
+                .prop_map(|(name, at, scheme, rest)| format!("{name}{at}{scheme}{}", rest.concat())),
+        ]
+    }
+
+    /// A requirement a user would write, valid for `eco`.
+    fn valid(eco: Ecosystem) -> BoxedStrategy<String> {
+        match eco {
+            Ecosystem::Python => (
+                "[A-Za-z0-9]([A-Za-z0-9._-]{0,10}[A-Za-z0-9])?",
+                proptest::option::of(proptest::collection::vec("[a-z]([a-z0-9_]{0,4}[a-z0-9])?", 1..3)),
+                proptest::collection::vec(
+                    (
+                        prop::sample::select(vec!["==", "!=", "<=", ">=", "<", ">", "~=", "==="]),
+                        "[0-9]{1,3}(\\.[0-9*]{1,3}){0,2}",
+                    ),
+                    0..3,
+                ),
+            )
+                .prop_map(|(name, extras, clauses)| {
+                    let mut s = name;
+                    if let Some(e) = extras {
+                        s.push_str(&format!("[{}]", e.join(", ")));
+                    }
+                    let c: Vec<String> = clauses
+                        .into_iter()
+                        .map(|(o, v)| format!("{o}{v}"))
+                        .collect();
+                    s.push_str(&c.join(","));
+                    s
+                })
+                .boxed(),
+            Ecosystem::Node => (
+                proptest::option::of("[a-z0-9][a-z0-9._-]{0,8}"),
+                "[a-z0-9][a-z0-9._~-]{0,12}",
+                proptest::option::of(prop_oneof![
+                    "\\^?[0-9]{1,2}(\\.[0-9x*]{1,2}){0,2}",
+                    ">=[0-9] <[0-9]{2}",
+                    "latest|next|beta",
+                ]),
+            )
+                .prop_map(|(scope, name, range)| {
+                    let mut s = match scope {
+                        Some(scope) => format!("@{scope}/{name}"),
+                        None => name,
+                    };
+                    if let Some(r) = range {
+                        s.push('@');
+                        s.push_str(&r);
+                    }
+                    s
+                })
+                .boxed(),
+        }
+    }
+
+    /// The promises of an accepted, normalized requirement.
+    fn assert_safe(eco: Ecosystem, n: &str, allow_urls: bool) {
+        assert!(!n.is_empty() && n.len() <= MAX_REQUIREMENT_LEN + 8, "{n:?}");
+        assert!(
+            !n.starts_with(['-', '.', '/', '~']),
+            "{n:?}: option or path"
+        );
+        assert!(!n.starts_with("file:"), "{n:?}");
+        assert!(!n.chars().any(char::is_control), "{n:?}: control character");
+        assert_eq!(n, n.trim(), "{n:?}");
+        let name = name_of(eco, n);
+        assert!(
+            !name.is_empty() && n.starts_with(name),
+            "{n:?}: name {name:?}"
+        );
+        match eco {
+            Ecosystem::Python => {
+                assert!(
+                    name.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                        && !name.starts_with('-')
+                        && !name.ends_with('-'),
+                    "{n:?}: name {name:?}"
+                );
+                let (req, url) = match n.split_once(" @ ") {
+                    Some((req, url)) => (req, Some(url)),
+                    None => (n, None),
+                };
+                // The name, extras and version clauses: a closed set of characters, so no
+                // whitespace, comment, continuation, variable or option can hide in them.
+                assert!(
+                    req.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-[],.=<>!~*+_".contains(c)),
+                    "{n:?}"
+                );
+                if let Some(url) = url {
+                    assert!(allow_urls, "{n:?}: a URL without allow_urls");
+                    assert!(
+                        ["https://", "http://", "git+https://"]
+                            .iter()
+                            .any(|s| url.starts_with(s)),
+                        "{n:?}"
+                    );
+                    assert!(!url.chars().any(char::is_whitespace), "{n:?}");
+                    assert!(
+                        !url.contains(['$', '\\', ';']),
+                        "{n:?}: expansion or continuation"
+                    );
+                }
+            }
+            Ecosystem::Node => {
+                assert!(npm_name_ok(name).is_ok(), "{n:?}: name {name:?}");
+                let rest = &n[name.len()..];
+                if let Some(range) = rest.strip_prefix('@') {
+                    if range.starts_with("https://") {
+                        assert!(allow_urls, "{n:?}: a URL without allow_urls");
+                        assert!(!range.chars().any(char::is_whitespace), "{n:?}");
+                    } else {
+                        assert!(!range.contains([':', '/']), "{n:?}: URL or path");
+                        assert!(
+                            range
+                                .chars()
+                                .all(|c| c.is_ascii_alphanumeric() || ".*^~<>=|+- ".contains(c)),
+                            "{n:?}"
+                        );
+                        assert!(!range.contains("  ") && range == range.trim(), "{n:?}");
+                    }
+                } else {
+                    assert!(rest.is_empty(), "{n:?}");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn hostile_requirements_never_pass_unsafe(
+            eco in eco(),
+            reqs in proptest::collection::vec(requirement(), 0..4),
+            allow_urls in any::<bool>(),
+        ) {
+            match normalize(eco, &reqs, allow_urls) {
+                Ok(out) => {
+                    prop_assert!(out.len() <= reqs.len());
+                    prop_assert!(out.windows(2).all(|w| w[0] < w[1]), "sorted, unique: {:?}", out);
+                    for n in &out {
+                        assert_safe(eco, n, allow_urls);
+                    }
+                    // Normalizing again changes nothing.
+                    prop_assert_eq!(normalize(eco, &out, allow_urls), Ok(out.clone()));
+                }
+                Err(e) => prop_assert!(e.starts_with("packages"), "{}", e),
+            }
+        }
+
+        #[test]
+        fn what_users_write_is_accepted(
+            (eco, reqs) in eco().prop_flat_map(|e| (Just(e), proptest::collection::vec(valid(e), 1..4))),
+        ) {
+            let out = normalize(eco, &reqs, false);
+            prop_assert!(out.is_ok(), "{:?}: {:?}", reqs, out);
+            for n in out.unwrap_or_default() {
+                assert_safe(eco, &n, false);
+            }
+        }
+
+        #[test]
+        fn any_string_names_something(eco in eco(), s in any::<String>()) {
+            let name = name_of(eco, &s);
+            prop_assert!(s.starts_with(name));
+        }
+
+        #[test]
+        fn too_many_requirements_are_refused(eco in eco(), extra in 1usize..8) {
+            let reqs = vec!["six".to_string(); MAX_REQUIREMENTS + extra];
+            prop_assert!(normalize(eco, &reqs, false).is_err());
+        }
     }
 }

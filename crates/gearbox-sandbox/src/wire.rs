@@ -131,9 +131,19 @@ fn read_frame<R: Read>(r: &mut R) -> Result<Vec<u8>, String> {
 fn read_files<R: Read>(r: &mut R, names: &[(String, u64)]) -> Result<Vec<Vec<u8>>, String> {
     let mut files = Vec::with_capacity(names.len());
     for (name, size) in names {
-        let mut content = vec![0u8; usize::try_from(*size).map_err(|e| e.to_string())?];
-        r.read_exact(&mut content)
+        // Grow with the bytes that arrive, not with the size the header announces: a size
+        // no stream delivers is an error, not an allocation that aborts the process.
+        let mut content = Vec::with_capacity(usize::try_from(*size).unwrap_or(0).min(1 << 20));
+        r.by_ref()
+            .take(*size)
+            .read_to_end(&mut content)
             .map_err(|e| format!("reading file {name}: {e}"))?;
+        if content.len() as u64 != *size {
+            return Err(format!(
+                "reading file {name}: the stream ended after {} of {size} bytes",
+                content.len()
+            ));
+        }
         files.push(content);
     }
     Ok(files)
@@ -189,4 +199,346 @@ pub fn read_request<R: Read>(r: &mut R) -> Result<(JailSpec, Vec<Vec<u8>>), Stri
     let spec: JailSpec = serde_json::from_slice(&json).map_err(|e| format!("parsing spec: {e}"))?;
     let files = read_files(r, &spec.files)?;
     Ok((spec, files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (found by `proptests::announced_file_sizes_are_not_trusted`): `read_files`
+    /// allocated the size a header announced before reading a byte, so a size above
+    /// `isize::MAX` panicked ("capacity overflow") and a smaller huge one aborted the helper
+    /// ("memory allocation of 6926914525241934501 bytes failed").
+    #[test]
+    fn a_huge_announced_file_is_an_error() {
+        for size in [u64::MAX, 1 << 42, u64::from(u32::MAX) + 1] {
+            let h = HandOver {
+                argv: vec!["x".into()],
+                program_argv: vec![],
+                env: BTreeMap::new(),
+                files: vec![("big".into(), size)],
+                limits: None,
+            };
+            let mut bytes = encode_handover(&h).expect("encode");
+            bytes.extend_from_slice(b"only a few bytes");
+            let e = read_handover(&mut &bytes[..]).expect_err("too short");
+            assert!(e.contains("reading file big"), "{e}");
+        }
+    }
+}
+
+/// Property tests of the frames between the server and the helper: arbitrary, truncated and
+/// mutated bytes never panic the decoders, and valid values round-trip, reading no byte
+/// beyond their files. `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use std::io::Cursor;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-zA-Z0-9_./=-]{0,12}",
+            any::<String>(),
+            Just("{workspace}".to_string()),
+        ]
+    }
+
+    fn limits() -> impl Strategy<Value = Limits> {
+        proptest::array::uniform8(any::<u64>()).prop_map(|v| Limits {
+            timeout_ms: v[0],
+            cpu_ms: v[1],
+            memory_mb: v[2],
+            pids: v[3],
+            file_size_mb: v[4],
+            open_files: v[5],
+            disk_mb: v[6],
+            output_bytes: v[7],
+        })
+    }
+
+    fn files() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
+        proptest::collection::vec(
+            (text(), proptest::collection::vec(any::<u8>(), 0..64)),
+            0..4,
+        )
+    }
+
+    fn env() -> impl Strategy<Value = BTreeMap<String, String>> {
+        proptest::collection::btree_map(text(), text(), 0..4)
+    }
+
+    fn pooled() -> impl Strategy<Value = Option<Pooled>> {
+        proptest::option::of(
+            (
+                proptest::option::of((text(), proptest::collection::vec(text(), 0..3))),
+                any::<bool>(),
+            )
+                .prop_map(|(launcher, zygote)| Pooled { launcher, zygote }),
+        )
+    }
+
+    fn spec() -> impl Strategy<Value = (JailSpec, Vec<Vec<u8>>)> {
+        (
+            (
+                prop_oneof![Just(Mode::Linux), Just(Mode::Process)],
+                proptest::collection::vec(text(), 0..4),
+                env(),
+                files(),
+                limits(),
+            ),
+            (
+                proptest::collection::vec("/[a-z0-9/._-]{0,16}", 0..3),
+                any::<bool>(),
+                any::<i32>(),
+                pooled(),
+                proptest::option::of((any::<usize>(), any::<u64>())),
+            ),
+        )
+            .prop_map(
+                |(
+                    (mode, argv, env, files, limits),
+                    (mounts, network, parent_pid, pooled, collect),
+                )| {
+                    let spec = JailSpec {
+                        mode,
+                        argv,
+                        env,
+                        files: files
+                            .iter()
+                            .map(|(n, c)| (n.clone(), c.len() as u64))
+                            .collect(),
+                        limits,
+                        mounts: mounts.into_iter().map(PathBuf::from).collect(),
+                        network,
+                        parent_pid,
+                        pooled,
+                        collect: collect.map(|(max_files, max_bytes)| CollectLimits {
+                            max_files,
+                            max_bytes,
+                        }),
+                    };
+                    (spec, files.into_iter().map(|(_, c)| c).collect())
+                },
+            )
+    }
+
+    fn handover() -> impl Strategy<Value = (HandOver, Vec<Vec<u8>>)> {
+        (
+            proptest::collection::vec(text(), 0..4),
+            proptest::collection::vec(text(), 0..4),
+            env(),
+            files(),
+            proptest::option::of(limits()),
+        )
+            .prop_map(|(argv, program_argv, env, files, limits)| {
+                let h = HandOver {
+                    argv,
+                    program_argv,
+                    env,
+                    files: files
+                        .iter()
+                        .map(|(n, c)| (n.clone(), c.len() as u64))
+                        .collect(),
+                    limits,
+                };
+                (h, files.into_iter().map(|(_, c)| c).collect())
+            })
+    }
+
+    fn report() -> impl Strategy<Value = JailReport> {
+        (
+            (
+                proptest::option::of(any::<i32>()),
+                proptest::option::of(any::<i32>()),
+                any::<bool>(),
+                any::<bool>(),
+                proptest::option::of(any::<u64>()),
+                proptest::option::of(any::<u64>()),
+                any::<u64>(),
+                any::<u64>(),
+            ),
+            (
+                proptest::option::of(
+                    (text(), text()).prop_map(|(step, message)| StepError { step, message }),
+                ),
+                proptest::collection::vec(text(), 0..4),
+                proptest::collection::vec((text(), any::<u64>()), 0..4),
+                any::<bool>(),
+                proptest::option::of(text()),
+            ),
+        )
+            .prop_map(
+                |(
+                    (exit_code, signal, timed_out, oom_killed, cpu, peak, duration_us, setup_us),
+                    (error, enforced, timings, collected, collect_error),
+                )| JailReport {
+                    exit_code,
+                    signal,
+                    timed_out,
+                    oom_killed,
+                    cpu_time_ms: cpu,
+                    peak_memory_kb: peak,
+                    duration_us,
+                    setup_us,
+                    error,
+                    enforced,
+                    timings,
+                    collected,
+                    collect_error,
+                },
+            )
+    }
+
+    /// The header, the files, then what the program's stdin would be.
+    fn stream(header: Vec<u8>, files: &[Vec<u8>], stdin: &[u8]) -> Vec<u8> {
+        let mut bytes = header;
+        for f in files {
+            bytes.extend_from_slice(f);
+        }
+        bytes.extend_from_slice(stdin);
+        bytes
+    }
+
+    fn mutate(bytes: &mut Vec<u8>, edits: Vec<(prop::sample::Index, u8, u8)>) {
+        for (at, byte, how) in edits {
+            if bytes.is_empty() {
+                return;
+            }
+            let i = at.index(bytes.len());
+            match how % 3 {
+                0 => bytes[i] = byte,
+                1 => bytes.insert(i, byte),
+                _ => {
+                    bytes.remove(i);
+                }
+            }
+        }
+    }
+
+    fn edits() -> impl Strategy<Value = Vec<(prop::sample::Index, u8, u8)>> {
+        proptest::collection::vec(any::<(prop::sample::Index, u8, u8)>(), 1..6)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn specs_round_trip_and_leave_stdin_unread(
+            (spec, files) in spec(),
+            stdin in proptest::collection::vec(any::<u8>(), 0..32),
+        ) {
+            let header = encode_header(&spec).expect("encode");
+            let bytes = stream(header, &files, &stdin);
+            let mut r = Cursor::new(&bytes[..]);
+            let (got, got_files) = read_request(&mut r).expect("a valid request reads");
+            prop_assert_eq!(
+                serde_json::to_value(&got).expect("json"),
+                serde_json::to_value(&spec).expect("json")
+            );
+            prop_assert_eq!(got_files, files);
+            prop_assert_eq!(&bytes[r.position() as usize..], &stdin[..]);
+        }
+
+        #[test]
+        fn handovers_round_trip_and_leave_stdin_unread(
+            (h, files) in handover(),
+            stdin in proptest::collection::vec(any::<u8>(), 0..32),
+        ) {
+            let header = encode_handover(&h).expect("encode");
+            let bytes = stream(header, &files, &stdin);
+            let mut r = Cursor::new(&bytes[..]);
+            let (got, got_files) = read_handover(&mut r).expect("a valid hand-over reads");
+            prop_assert_eq!(
+                serde_json::to_value(&got).expect("json"),
+                serde_json::to_value(&h).expect("json")
+            );
+            prop_assert_eq!(got_files, files);
+            prop_assert_eq!(&bytes[r.position() as usize..], &stdin[..]);
+        }
+
+        #[test]
+        fn truncated_specs_and_handovers_are_errors(
+            (spec, files) in spec(),
+            (h, hfiles) in handover(),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let bytes = stream(encode_header(&spec).expect("encode"), &files, &[]);
+            let at = cut.index(bytes.len());
+            prop_assert!(read_request(&mut &bytes[..at]).is_err(), "cut at {}", at);
+            let bytes = stream(encode_handover(&h).expect("encode"), &hfiles, &[]);
+            let at = cut.index(bytes.len());
+            prop_assert!(read_handover(&mut &bytes[..at]).is_err(), "cut at {}", at);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = read_request(&mut &bytes[..]);
+            let _ = read_handover(&mut &bytes[..]);
+            // The same bytes behind a length that matches them.
+            let mut framed = (bytes.len() as u32).to_le_bytes().to_vec();
+            framed.extend_from_slice(&bytes);
+            let _ = read_request(&mut &framed[..]);
+            let _ = read_handover(&mut &framed[..]);
+        }
+
+        #[test]
+        fn mutated_frames_never_panic(
+            (spec, files) in spec(),
+            (h, hfiles) in handover(),
+            edits in edits(),
+        ) {
+            let mut bytes = stream(encode_header(&spec).expect("encode"), &files, b"in");
+            mutate(&mut bytes, edits.clone());
+            let _ = read_request(&mut &bytes[..]);
+            let mut bytes = stream(encode_handover(&h).expect("encode"), &hfiles, b"in");
+            mutate(&mut bytes, edits);
+            let _ = read_handover(&mut &bytes[..]);
+        }
+
+        /// A header may announce any file size: one that no stream delivers is an error,
+        /// never an allocation of that size.
+        #[test]
+        fn announced_file_sizes_are_not_trusted(
+            (mut h, _) in handover(),
+            sizes in proptest::collection::vec(prop_oneof![0u64..20, any::<u64>()], 1..3),
+            tail in proptest::collection::vec(any::<u8>(), 0..16),
+        ) {
+            h.files = sizes.iter().enumerate().map(|(i, s)| (format!("f{i}"), *s)).collect();
+            let mut bytes = encode_handover(&h).expect("encode");
+            bytes.extend_from_slice(&tail);
+            let delivered = sizes.iter().try_fold(0u64, |a, s| a.checked_add(*s));
+            match read_handover(&mut &bytes[..]) {
+                Ok((_, files)) => {
+                    prop_assert_eq!(delivered, Some(files.iter().map(|f| f.len() as u64).sum()));
+                    prop_assert!(delivered.unwrap_or(u64::MAX) <= tail.len() as u64);
+                }
+                Err(e) => prop_assert!(e.contains("reading file"), "{}", e),
+            }
+        }
+
+        /// The report as the server reads it: one JSON value, then the workspace frames.
+        #[test]
+        fn reports_round_trip_with_a_trailer(
+            report in report(),
+            trailer in proptest::collection::vec(any::<u8>(), 0..32),
+        ) {
+            let mut bytes = serde_json::to_vec(&report).expect("encode");
+            let json_len = bytes.len();
+            bytes.extend_from_slice(&trailer);
+            let mut values = serde_json::Deserializer::from_slice(&bytes).into_iter::<JailReport>();
+            let got = values.next().expect("one value").expect("a valid report reads");
+            prop_assert_eq!(got, report);
+            prop_assert_eq!(values.byte_offset(), json_len);
+        }
+
+        #[test]
+        fn arbitrary_reports_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut values = serde_json::Deserializer::from_slice(&bytes).into_iter::<JailReport>();
+            let _ = values.next();
+            let _ = bytes.get(values.byte_offset()..);
+        }
+    }
 }

@@ -179,3 +179,297 @@ mod tests {
         assert!(a.code.is_none());
     }
 }
+
+/// Property tests: a tool's `arguments` are whatever a client sends. Arbitrary JSON trees,
+/// wrong types, huge strings and odd Unicode are parsed into a value or an error naming the
+/// field, never a panic; what parses goes through the same preparation and validation as a
+/// real call, and a run that validates writes nothing outside its workspace.
+/// `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+pub(crate) mod proptests {
+    use std::path::{Component, Path, PathBuf};
+    use std::sync::OnceLock;
+
+    use gearbox_core::{Job, LanguageTable, Limits, ResolvedLanguage};
+    use gearbox_engine::{Config, Engine};
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+
+    use super::*;
+    use crate::sessions::{ExecCloseArgs, ExecGetArtifactArgs, ExecOpenArgs};
+    use crate::tools::{self, Prepared};
+
+    /// Every field name of every tool's arguments, so generated objects hit real fields.
+    const FIELDS: &[&str] = &[
+        "language",
+        "code",
+        "entrypoint_code",
+        "snippet_name",
+        "entrypoint_filename",
+        "additional_files",
+        "files",
+        "filename",
+        "content",
+        "encoding",
+        "stdin",
+        "args",
+        "env",
+        "timeout_ms",
+        "memory_mb",
+        "packages",
+        "backend",
+        "allow_tools",
+        "wall_clock_ms",
+        "per_call_ms",
+        "max_calls",
+        "max_output_kb",
+        "network",
+        "gear",
+        "operation_id",
+        "use_temp_dir",
+        "session_id",
+        "persist",
+        "path",
+        "offset",
+        "max_bytes",
+    ];
+
+    /// Strings a client might send: plain, any Unicode, escapes, very long.
+    pub(crate) fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => "[a-zA-Z0-9_ ./-]{0,16}",
+            4 => any::<String>(),
+            1 => prop::sample::select(vec![
+                "", "..", "../../etc/passwd", "/etc/passwd", "a\0b", "\u{FEFF}", "\u{202E}x",
+                "python", "Python", "js", "bash", "linux", "process", "base64", "full_trust",
+                "main.py", "x=1", "%2e%2e", "\\\\?\\C:",
+            ])
+            .prop_map(String::from),
+            1 => (0usize..100_000, any::<char>()).prop_map(|(n, c)| c.to_string().repeat(n)),
+        ]
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => prop::sample::select(FIELDS).prop_map(String::from),
+            1 => text(),
+        ]
+    }
+
+    /// Any JSON value, nested a few levels.
+    pub(crate) fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            text().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(5, 64, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                proptest::collection::btree_map(key(), inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn arguments() -> impl Strategy<Value = JsonObject> {
+        proptest::collection::btree_map(key(), json_value(), 0..10)
+            .prop_map(|m| m.into_iter().collect::<Map<String, Value>>())
+    }
+
+    /// A path a caller might give: mostly plain, sometimes hostile.
+    fn filename() -> impl Strategy<Value = String> {
+        prop_oneof![
+            2 => "[a-z]{1,6}(/[a-z]{1,6}){0,2}\\.(py|txt|sh)",
+            1 => text(),
+        ]
+    }
+
+    /// A limit: mostly one the configuration allows, sometimes any number.
+    fn limit(max: u64) -> impl Strategy<Value = u64> {
+        prop_oneof![2 => 1..=max, 1 => any::<u64>()]
+    }
+
+    /// Arguments of `execute_code` with every field of the right type (values still
+    /// hostile): a language (mostly a known one) and code, then any subset of the others.
+    fn typed_execute_code() -> impl Strategy<Value = JsonObject> {
+        let file = || {
+            (
+                filename(),
+                text(),
+                prop::sample::select(vec!["utf8", "base64"]),
+            )
+                .prop_map(|(f, c, e)| json!({"filename": f, "content": c, "encoding": e}))
+        };
+        let strings = || proptest::collection::vec(text(), 0..4);
+        let language = prop_oneof![
+            3 => prop::sample::select(vec!["bash", "python", "Python", "js", "go", "sh"])
+                .prop_map(String::from),
+            1 => text(),
+        ];
+        let fields: Vec<BoxedStrategy<(&'static str, Value)>> = vec![
+            text().prop_map(|s| ("entrypoint_code", json!(s))).boxed(),
+            text().prop_map(|s| ("snippet_name", json!(s))).boxed(),
+            filename()
+                .prop_map(|s| ("entrypoint_filename", json!(s)))
+                .boxed(),
+            proptest::collection::vec(file(), 0..4)
+                .prop_map(|f| ("additional_files", json!(f)))
+                .boxed(),
+            proptest::collection::vec(file(), 0..4)
+                .prop_map(|f| ("files", json!(f)))
+                .boxed(),
+            text().prop_map(|s| ("stdin", json!(s))).boxed(),
+            strings().prop_map(|v| ("args", json!(v))).boxed(),
+            proptest::collection::btree_map(
+                prop_oneof![2 => "[A-Z_][A-Z0-9_]{0,6}", 1 => text()],
+                text(),
+                0..4,
+            )
+            .prop_map(|m| ("env", json!(m)))
+            .boxed(),
+            limit(30_000).prop_map(|n| ("timeout_ms", json!(n))).boxed(),
+            limit(512).prop_map(|n| ("memory_mb", json!(n))).boxed(),
+            strings().prop_map(|v| ("packages", json!(v))).boxed(),
+            prop::sample::select(vec!["linux", "process", "wasm", "docker"])
+                .prop_map(|b| ("backend", json!(b)))
+                .boxed(),
+            any::<bool>().prop_map(|b| ("network", json!(b))).boxed(),
+            prop::sample::select(vec![
+                "read_only",
+                "restricted",
+                "user_confirmed",
+                "full_trust",
+            ])
+            .prop_map(|g| ("gear", json!(g)))
+            .boxed(),
+            any::<u32>().prop_map(|n| ("max_calls", json!(n))).boxed(),
+        ];
+        let n = fields.len();
+        (
+            language,
+            text(),
+            proptest::sample::subsequence(fields, 0..=n).prop_flat_map(|chosen| chosen),
+        )
+            .prop_map(|(language, code, pairs)| {
+                let mut args: JsonObject =
+                    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                args.insert("language".into(), json!(language));
+                args.insert("code".into(), json!(code));
+                args
+            })
+    }
+
+    fn engine() -> &'static Engine {
+        static ENGINE: OnceLock<Engine> = OnceLock::new();
+        ENGINE.get_or_init(|| Engine::new(Config::default(), PathBuf::from("/nonexistent")))
+    }
+
+    /// Job::build's checks of files, environment and args do not depend on the language.
+    fn bash() -> &'static ResolvedLanguage {
+        static BASH: OnceLock<ResolvedLanguage> = OnceLock::new();
+        BASH.get_or_init(|| LanguageTable::builtin().resolve("bash").expect("bash"))
+    }
+
+    /// Parse with every argument type; none may panic, each error names the arguments.
+    fn parse_all(args: &JsonObject) {
+        fn one<T: DeserializeOwned>(args: &JsonObject) {
+            if let Err(e) = parse::<T>(Some(args)) {
+                assert!(e.starts_with("invalid arguments"), "{e}");
+            }
+        }
+        one::<ApprovalStatusArgs>(args);
+        one::<RunJavascriptArgs>(args);
+        one::<CodeExecPythonArgs>(args);
+        one::<SidecarExecuteArgs>(args);
+        one::<NoArgs>(args);
+        one::<ExecOpenArgs>(args);
+        one::<ExecCloseArgs>(args);
+        one::<ExecGetArtifactArgs>(args);
+    }
+
+    /// How far a call got.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Reached {
+        ParseError,
+        Refused,
+        InvalidJob,
+        Job,
+    }
+
+    /// `execute_code` as the server handles it: parse, prepare, then the engine's
+    /// validation into a job. A job's files must all land inside the workspace.
+    fn execute_code(args: &JsonObject) -> Reached {
+        let Ok(a) = parse::<ExecuteCodeArgs>(Some(args)) else {
+            return Reached::ParseError;
+        };
+        let Prepared::Run { request, .. } = tools::prepare_execute_code(engine(), a) else {
+            return Reached::Refused;
+        };
+        let Ok(job) = Job::build(&request, bash(), &Limits::default()) else {
+            return Reached::InvalidJob;
+        };
+        for f in &job.files {
+            let p = Path::new(&f.path);
+            assert!(
+                !f.path.is_empty()
+                    && !f.path.contains('\0')
+                    && p.components().all(|c| matches!(c, Component::Normal(_))),
+                "{:?} accepted",
+                f.path
+            );
+        }
+        for (k, v) in &request.env {
+            assert!(!k.is_empty() && !k.contains(['=', '\0']) && !v.contains('\0'));
+        }
+        assert!(request.args.iter().all(|a| !a.contains('\0')));
+        Reached::Job
+    }
+
+    /// The generator is not vacuous: a good share of well-typed calls become jobs, so the
+    /// checks on a job's files run.
+    #[test]
+    fn well_typed_arguments_often_become_jobs() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = typed_execute_code();
+        let jobs = (0..200)
+            .filter(|_| {
+                let args = strategy.new_tree(&mut runner).expect("value").current();
+                execute_code(&args) == Reached::Job
+            })
+            .count();
+        assert!(jobs >= 20, "only {jobs} of 200 calls became jobs");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_arguments_never_panic(args in arguments()) {
+            parse_all(&args);
+            execute_code(&args);
+        }
+
+        #[test]
+        fn well_typed_arguments_parse_and_prepare(args in typed_execute_code()) {
+            let a = parse::<ExecuteCodeArgs>(Some(&args));
+            prop_assert!(a.is_ok(), "{:?}", a.err());
+            execute_code(&args);
+        }
+
+        #[test]
+        fn a_wrong_value_is_an_error_naming_its_field(
+            field in prop::sample::select(FIELDS),
+            value in json_value(),
+        ) {
+            let args: JsonObject = [(field.to_string(), value)].into_iter().collect();
+            if let Err(e) = parse::<ExecuteCodeArgs>(Some(&args)) {
+                prop_assert!(e.contains(field), "{}", e);
+            }
+        }
+    }
+}

@@ -236,3 +236,83 @@ pub fn read_snippets(engine: &Engine, uri: &str) -> Result<ReadResourceResult, M
         Some(json!({ "uri": uri })),
     ))
 }
+
+/// Property tests of resource URIs, which a client writes: reading any URI answers a
+/// resource or an error without panicking, and a snippet URI serves only the content of a
+/// snippet inside the snippets directory, never a file a symlink or a path leads to.
+/// `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    use gearbox_engine::Config;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `base/snippets/` holds `hello.py` and `link.py -> ../secret.py`; `base/secret.py` is
+    /// outside.
+    fn engine() -> &'static Engine {
+        static ENGINE: OnceLock<Engine> = OnceLock::new();
+        ENGINE.get_or_init(|| {
+            let base =
+                std::env::temp_dir().join(format!("gearbox-resources-prop-{}", std::process::id()));
+            let dir = base.join("snippets");
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join("hello.py"), "print('INSIDE')\n").expect("write");
+            std::fs::write(base.join("secret.py"), "SECRET\n").expect("write");
+            let _ = std::os::unix::fs::symlink("../secret.py", dir.join("link.py"));
+            let config = Config {
+                snippets_dir: Some(dir),
+                ..Config::default()
+            };
+            Engine::new(config, PathBuf::from("/nonexistent"))
+        })
+    }
+
+    fn uri() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("hello".to_string()),
+            Just("link".to_string()),
+            Just("secret".to_string()),
+            Just("..".to_string()),
+            Just("/".to_string()),
+            Just(".py".to_string()),
+            Just("%2e%2e".to_string()),
+            Just("\0".to_string()),
+            "[a-z]{1,4}",
+            any::<char>().prop_map(String::from),
+        ];
+        (
+            prop::sample::select(vec![
+                SNIPPET_PREFIX,
+                SNIPPETS_URI,
+                PACKAGES_PREFIX,
+                "gearbox://",
+                "",
+            ]),
+            proptest::collection::vec(piece, 0..6),
+        )
+            .prop_map(|(prefix, rest)| format!("{prefix}{}", rest.concat()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn snippet_uris_serve_only_snippets(uri in prop_oneof![uri(), any::<String>()]) {
+            // These two start an interpreter to list what it imports: not for every case.
+            prop_assume!(uri != format!("{PACKAGES_PREFIX}python")
+                && uri != format!("{PACKAGES_PREFIX}javascript"));
+            if let Ok(r) = read_snippets(engine(), &uri) {
+                let text = serde_json::to_string(&r).expect("json");
+                prop_assert!(!text.contains("SECRET"), "{:?} served {}", uri, text);
+                if let Some(name) = uri.strip_prefix(SNIPPET_PREFIX) {
+                    prop_assert_eq!(name, "hello");
+                    prop_assert!(text.contains("INSIDE"));
+                }
+            }
+        }
+    }
+}

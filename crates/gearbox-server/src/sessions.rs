@@ -246,8 +246,18 @@ fn ok(value: Value, text: String) -> CallToolResponse {
     r.into()
 }
 
+/// A session file's URI, its path percent-encoded but for unreserved characters and `/`,
+/// so that [`parse_uri`] gives back exactly that path (`100%.txt`, `a%41`).
 fn file_uri(id: &SessionId, path: &str) -> String {
-    format!("{SESSIONS_PREFIX}{id}/files/{path}")
+    let mut uri = format!("{SESSIONS_PREFIX}{id}/files/");
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            uri.push(char::from(b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri
 }
 
 /// Handle a session tool, or a session run of `execute_code`; `None` for any other call.
@@ -570,8 +580,10 @@ fn percent_decode(s: &str) -> Result<String, String> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
+            // Two hex digits: `u8::from_str_radix` alone would also take a sign (`%+1`).
             let hex = b
                 .get(i + 1..i + 3)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| format!("bad percent escape in {s:?}"))?;
@@ -590,17 +602,30 @@ pub fn is_session_uri(uri: &str) -> bool {
     uri.starts_with(SESSIONS_PREFIX)
 }
 
+/// The session of a session resource URI and, for a file, its percent-decoded path (not
+/// yet validated: the store validates every path it is given).
+fn parse_uri(uri: &str) -> Result<(SessionId, Option<String>), String> {
+    let rest = uri.strip_prefix(SESSIONS_PREFIX).unwrap_or_default();
+    let (id, tail) = match rest.split_once('/') {
+        Some((id, tail)) => (id, Some(tail)),
+        None => (rest, None),
+    };
+    let id = SessionId::parse("session id", id)?;
+    let Some(tail) = tail else {
+        return Ok((id, None));
+    };
+    let Some(encoded) = tail.strip_prefix("files/") else {
+        return Err(format!("no resource {uri:?}; try {FILES_TEMPLATE}"));
+    };
+    Ok((id, Some(percent_decode(encoded)?)))
+}
+
 /// `resources/read` of `gearbox://sessions/{id}/files/{path}` (and `gearbox://sessions/{id}`
 /// for the manifest).
 pub fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceResult, McpError> {
     let not_found = |m: String| McpError::resource_not_found(m, Some(json!({ "uri": uri })));
     let store = store(engine).map_err(not_found)?;
-    let rest = uri.strip_prefix(SESSIONS_PREFIX).unwrap_or_default();
-    let (id, path) = match rest.split_once('/') {
-        Some((id, tail)) => (id, Some(tail)),
-        None => (rest, None),
-    };
-    let id = SessionId::parse("session id", id).map_err(not_found)?;
+    let (id, path) = parse_uri(uri).map_err(not_found)?;
     match path {
         None => {
             let files = store.files(&id).map_err(|e| not_found(e.to_string()))?;
@@ -609,13 +634,7 @@ pub fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceResult, M
                 ResourceContents::text(body.to_string(), uri).with_mime_type("application/json"),
             ]))
         }
-        Some(tail) => {
-            let Some(encoded) = tail.strip_prefix("files/") else {
-                return Err(not_found(format!(
-                    "no resource {uri:?}; try {FILES_TEMPLATE}"
-                )));
-            };
-            let path = percent_decode(encoded).map_err(not_found)?;
+        Some(path) => {
             let art = store
                 .read(&id, &path, 0, MAX_ARTIFACT_BYTES)
                 .map_err(|e| not_found(e.to_string()))?;
@@ -694,6 +713,35 @@ mod tests {
         assert!(percent_decode("%ff").is_err());
     }
 
+    /// Regression (found by `proptests::decoding_is_strict`): a `+` after `%` was taken as
+    /// a sign by `u8::from_str_radix`, so `%+1` decoded to byte 1 although only `%XX` is an
+    /// escape.
+    #[test]
+    fn a_sign_is_not_a_hex_digit() {
+        for bad in ["%+1", "%+f", "a%+0b", "%-1"] {
+            assert!(percent_decode(bad).is_err(), "{bad:?} decoded");
+        }
+    }
+
+    /// Regression (found by `proptests::a_listed_file_uri_names_that_file`): a file's URI
+    /// carried its path unencoded, so `100%.txt` was listed with a URI that did not parse and
+    /// `a%41` with one that named another file, `aA`.
+    #[test]
+    fn listed_uris_encode_what_decoding_would_change() {
+        let id = SessionId::new();
+        for path in ["100%.txt", "a%41", "with space/x.txt", "é.txt", "a#b?c"] {
+            assert_eq!(
+                parse_uri(&file_uri(&id, path)),
+                Ok((id, Some(path.to_string()))),
+                "{path}"
+            );
+        }
+        assert_eq!(
+            file_uri(&id, "out/result.txt"),
+            format!("{SESSIONS_PREFIX}{id}/files/out/result.txt")
+        );
+    }
+
     #[test]
     fn text_pages_do_not_split_characters() {
         let s = "aé".as_bytes();
@@ -701,5 +749,128 @@ mod tests {
         assert_eq!(utf8_prefix(s), (Some("aé"), 3));
         assert_eq!(utf8_prefix(&[0xff, 0xfe, 0, 1]).0, None);
         assert_eq!(utf8_prefix(b"a\0b").0, None);
+    }
+}
+
+/// Property tests of session resource URIs, which a client writes: any URI parses to an
+/// error or to a session id and a decoded path without panicking; decoding is strict
+/// (`%XX` only) and undoes any encoding; a file's listed URI reads back that very file.
+/// `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `s` with the characters `mask` picks (and every `%`) encoded as `%XX`, upper or
+    /// lower case hex.
+    fn encode(s: &str, mask: &[bool], lower: bool) -> String {
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            let picked = !mask.is_empty() && mask[i % mask.len()];
+            if picked || c == '%' {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    out.push_str(&if lower {
+                        format!("%{b:02x}")
+                    } else {
+                        format!("%{b:02X}")
+                    });
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    fn tail() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("%".to_string()),
+            Just("%2e".to_string()),
+            Just("%2F".to_string()),
+            Just("%+1".to_string()),
+            Just("%00".to_string()),
+            Just("%ff".to_string()),
+            Just("%c3%a9".to_string()),
+            Just("..".to_string()),
+            Just("/".to_string()),
+            Just("files/".to_string()),
+            "[a-z0-9.]{1,4}",
+            any::<char>().prop_map(String::from),
+        ];
+        proptest::collection::vec(piece, 0..10).prop_map(|v| v.concat())
+    }
+
+    fn uri() -> impl Strategy<Value = String> {
+        let id = prop_oneof![
+            Just(SessionId::new().to_string()),
+            "[0-9a-f-]{36}",
+            any::<String>(),
+        ];
+        (
+            prop::sample::select(vec![
+                SESSIONS_PREFIX,
+                "gearbox://sessions",
+                "gearbox://",
+                "",
+            ]),
+            id,
+            prop::sample::select(vec!["", "/", "/files/", "/files", "/other/"]),
+            tail(),
+        )
+            .prop_map(|(prefix, id, sep, tail)| format!("{prefix}{id}{sep}{tail}"))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn decoding_is_strict(s in prop_oneof![tail(), any::<String>()]) {
+            if percent_decode(&s).is_ok() {
+                let b = s.as_bytes();
+                for (i, _) in s.match_indices('%') {
+                    prop_assert!(
+                        b.len() > i + 2 && b[i + 1].is_ascii_hexdigit() && b[i + 2].is_ascii_hexdigit(),
+                        "{:?} decoded",
+                        s
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn decoding_undoes_any_encoding(
+            s in any::<String>(),
+            mask in proptest::collection::vec(any::<bool>(), 0..8),
+            lower in any::<bool>(),
+        ) {
+            prop_assert_eq!(percent_decode(&encode(&s, &mask, lower)), Ok(s));
+        }
+
+        #[test]
+        fn uris_parse_to_an_id_and_a_path_or_an_error(uri in uri()) {
+            if let Ok((id, path)) = parse_uri(&uri) {
+                prop_assert!(uri.starts_with(&format!("{SESSIONS_PREFIX}{id}")), "{}", uri);
+                if let Some(path) = path {
+                    // What the store would then accept is a plain relative path.
+                    if gearbox_core::validate_relative_path("path", &path).is_ok() {
+                        prop_assert!(std::path::Path::new(&path)
+                            .components()
+                            .all(|c| matches!(c, std::path::Component::Normal(_))));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn a_listed_file_uri_names_that_file(
+            parts in proptest::collection::vec("[^/\\p{Cc}\\\\]{1,12}", 1..4),
+        ) {
+            let path = parts.join("/");
+            prop_assume!(gearbox_core::validate_relative_path("p", &path).is_ok());
+            let id = SessionId::new();
+            prop_assert_eq!(parse_uri(&file_uri(&id, &path)), Ok((id, Some(path.clone()))));
+        }
     }
 }

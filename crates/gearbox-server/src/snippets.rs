@@ -162,3 +162,50 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// Property tests: a snippet name comes from a call or a resource URI; whatever it is, the
+/// check answers without panicking, and a name it accepts is one plain file name in the
+/// snippets directory. `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use std::path::{Component, Path};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("..".to_string()),
+            Just(".".to_string()),
+            Just("/".to_string()),
+            Just("\\".to_string()),
+            Just("\0".to_string()),
+            Just("\n".to_string()),
+            Just("%2e".to_string()),
+            "[a-z_]{1,6}",
+            any::<char>().prop_map(String::from),
+        ];
+        prop_oneof![
+            4 => proptest::collection::vec(piece, 0..8).prop_map(|v| v.concat()),
+            1 => any::<String>(),
+            1 => (250usize..260).prop_map(|n| "s".repeat(n)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn accepted_names_are_one_plain_file_name(name in name()) {
+            if validate_name(&name).is_ok() {
+                prop_assert!(!name.is_empty() && name.len() <= 255);
+                prop_assert!(!name.contains(['/', '\\', '\0']) && !name.contains(".."));
+                prop_assert!(!name.starts_with('.') && !name.chars().any(char::is_control));
+                let file = format!("{name}.py");
+                let c: Vec<_> = Path::new(&file).components().collect();
+                prop_assert!(c.len() == 1 && matches!(c[0], Component::Normal(_)), "{:?}", name);
+            }
+        }
+    }
+}

@@ -92,3 +92,146 @@ pub fn exchange(dir: BorrowedFd<'_>, a: &str, b: &str) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Property tests: file operations beneath a directory, given any path at all (the store
+/// validates first; these tests do not), never create or change anything outside that
+/// directory, even through symlinks planted in it. `PROPTEST_CASES` raises the case count
+/// (`scripts/fuzz.sh`).
+#[cfg(test)]
+pub(crate) mod proptests {
+    use std::collections::BTreeMap;
+    use std::os::fd::AsFd;
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Paths made of separators, dot components, names the fixture uses (`link`, `abs`,
+    /// `sub`), NUL, backslashes and odd characters.
+    pub(crate) fn hostile_path() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("..".to_string()),
+            Just(".".to_string()),
+            Just("/".to_string()),
+            Just("link".to_string()),
+            Just("abs".to_string()),
+            Just("sub".to_string()),
+            Just("outside.txt".to_string()),
+            Just("meta.json".to_string()),
+            Just("\0".to_string()),
+            Just("\\".to_string()),
+            Just("%2e%2e".to_string()),
+            "[a-z]{1,4}",
+            any::<char>().prop_map(String::from),
+        ];
+        prop_oneof![
+            8 => proptest::collection::vec(piece, 1..10).prop_map(|v| v.concat()),
+            1 => any::<String>(),
+        ]
+    }
+
+    /// `base/` holds `outside.txt` and `outer/`; `base/inside/` is the directory the
+    /// operations are given, with `sub/`, `link -> ..` and `abs -> base/outer`.
+    pub(crate) struct Fixture {
+        pub(crate) base: PathBuf,
+    }
+
+    impl Fixture {
+        pub(crate) fn new() -> Fixture {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let base = std::env::temp_dir().join(format!(
+                "gearbox-fsops-prop-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(base.join("inside/sub")).expect("mkdir");
+            std::fs::create_dir_all(base.join("outer")).expect("mkdir");
+            std::fs::write(base.join("outside.txt"), "OUTSIDE").expect("write");
+            std::os::unix::fs::symlink("..", base.join("inside/link")).expect("symlink");
+            std::os::unix::fs::symlink(base.join("outer"), base.join("inside/abs"))
+                .expect("symlink");
+            Fixture { base }
+        }
+
+        pub(crate) fn inside(&self) -> OwnedFd {
+            gearbox_core::tree::open_dir(&self.base.join("inside")).expect("open")
+        }
+
+        /// Everything under `base` except `inside/`: kind and content of each entry,
+        /// symlinks not followed.
+        pub(crate) fn outside(&self) -> BTreeMap<PathBuf, String> {
+            fn walk(dir: &Path, base: &Path, out: &mut BTreeMap<PathBuf, String>) {
+                for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+                    let p = e.path();
+                    let rel = p.strip_prefix(base).expect("below base").to_path_buf();
+                    if rel == Path::new("inside") {
+                        continue;
+                    }
+                    let m = std::fs::symlink_metadata(&p).expect("lstat");
+                    let what = if m.is_symlink() {
+                        format!("link {:?}", std::fs::read_link(&p).expect("readlink"))
+                    } else if m.is_dir() {
+                        walk(&p, base, out);
+                        "dir".to_string()
+                    } else {
+                        format!("file {:?}", std::fs::read(&p).expect("read"))
+                    };
+                    out.insert(rel, what);
+                }
+            }
+            let mut out = BTreeMap::new();
+            walk(&self.base, &self.base, &mut out);
+            out
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.base);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn writes_stay_beneath_the_directory(path in hostile_path()) {
+            let fx = Fixture::new();
+            let before = fx.outside();
+            let dir = fx.inside();
+            let written = write_new_file(dir.as_fd(), &path, b"WRITTEN");
+            prop_assert_eq!(fx.outside(), before, "{:?} changed the outside", path);
+            if written.is_ok() {
+                // The file is where the path says, below `inside`, reached without a symlink.
+                let mut at = fx.base.join("inside");
+                for comp in Path::new(&path).components() {
+                    at.push(comp);
+                    let m = std::fs::symlink_metadata(&at).expect("exists");
+                    prop_assert!(!m.is_symlink(), "{:?} went through {:?}", path, at);
+                }
+                prop_assert_eq!(std::fs::read(&at).expect("read"), b"WRITTEN".to_vec());
+            }
+        }
+
+        #[test]
+        fn mkdir_and_exchange_stay_beneath_the_directory(
+            a in hostile_path(),
+            b in hostile_path(),
+        ) {
+            let fx = Fixture::new();
+            let before = fx.outside();
+            let dir = fx.inside();
+            // mkdir_at takes one component: the store never gives it a `/`.
+            if !a.contains('/') {
+                let _ = mkdir_at(dir.as_fd(), &a, 0o700);
+            }
+            let _ = open_dir_beneath(dir.as_fd(), &b);
+            if !a.contains('/') && !b.contains('/') {
+                let _ = exchange(dir.as_fd(), &a, &b);
+            }
+            prop_assert_eq!(fx.outside(), before, "{:?} / {:?} changed the outside", a, b);
+        }
+    }
+}

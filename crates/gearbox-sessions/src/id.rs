@@ -83,3 +83,80 @@ mod tests {
         }
     }
 }
+
+/// Property tests: a session id comes from a client and becomes a directory name. Whatever
+/// it is, parsing answers without panicking and accepts exactly the canonical lowercase form
+/// of a version-4 UUID (checked against a definition independent of the `uuid` crate), which
+/// is one plain path component. `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use std::path::{Component, Path};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `xxxxxxxx-xxxx-4xxx-Nxxx-xxxxxxxxxxxx`, lowercase hex, N one of 8, 9, a, b.
+    fn canonical_v4(s: &str) -> bool {
+        let b = s.as_bytes();
+        b.len() == 36
+            && b.iter().enumerate().all(|(i, &c)| match i {
+                8 | 13 | 18 | 23 => c == b'-',
+                _ => c.is_ascii_digit() || (b'a'..=b'f').contains(&c),
+            })
+            && b[14] == b'4'
+            && matches!(b[19], b'8' | b'9' | b'a' | b'b')
+    }
+
+    fn candidate() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+            "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-4[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}",
+            "[0-9a-f/.{}%:-]{30,40}",
+            any::<String>(),
+            // A valid id with one character replaced or inserted.
+            (any::<prop::sample::Index>(), any::<char>(), any::<bool>()).prop_map(
+                |(i, c, insert)| {
+                    let mut s: Vec<char> = SessionId::new().to_string().chars().collect();
+                    let i = i.index(s.len());
+                    if insert {
+                        s.insert(i, c);
+                    } else {
+                        s[i] = c;
+                    }
+                    s.into_iter().collect()
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn exactly_canonical_v4_ids_are_accepted(s in candidate()) {
+            match SessionId::parse("session_id", &s) {
+                Ok(id) => {
+                    prop_assert!(canonical_v4(&s), "{:?} accepted", s);
+                    prop_assert_eq!(id.dir_name(), s.clone());
+                    prop_assert_eq!(id.to_string(), s.clone());
+                    let c: Vec<_> = Path::new(&s).components().collect();
+                    prop_assert!(c.len() == 1 && matches!(c[0], Component::Normal(_)));
+                }
+                Err(e) => {
+                    prop_assert!(!canonical_v4(&s), "{:?} refused", s);
+                    prop_assert!(e.starts_with("session_id: "), "{}", e);
+                    // The echoed value is bounded (60 characters, escaped).
+                    prop_assert!(e.len() < 60 * 10 + 100, "{} bytes", e.len());
+                }
+            }
+        }
+
+        #[test]
+        fn every_v4_id_round_trips(bytes in any::<[u8; 16]>()) {
+            let id = SessionId(uuid::Builder::from_random_bytes(bytes).into_uuid());
+            prop_assert!(canonical_v4(&id.to_string()));
+            prop_assert_eq!(SessionId::parse("id", &id.to_string()), Ok(id));
+        }
+    }
+}

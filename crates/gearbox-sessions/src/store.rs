@@ -907,3 +907,173 @@ mod tests {
         std::fs::remove_dir_all(&d).expect("rm");
     }
 }
+
+/// Property tests of the store's read and write paths with hostile paths: a read returns
+/// the content of one of the session's own files or an error, never a byte from elsewhere
+/// (the session's metadata, another directory, a planted symlink's target); saving a run's
+/// files refuses what is not a valid workspace path and never writes outside the session.
+/// `PROPTEST_CASES` raises the case count (`scripts/fuzz.sh`).
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner, contextualize_config};
+
+    use super::*;
+    use crate::fsops::proptests::hostile_path;
+    use gearbox_core::WalkSummary;
+
+    fn runner(cases: u32) -> TestRunner {
+        TestRunner::new(contextualize_config(Config::with_cases(cases)))
+    }
+
+    fn tmpdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gearbox-sessions-prop-{}", SessionId::new()));
+        std::fs::create_dir_all(&d).expect("mkdir");
+        d
+    }
+
+    fn opts(dir: &Path) -> StoreOptions {
+        StoreOptions {
+            dir: dir.to_path_buf(),
+            ttl: Duration::from_secs(3600),
+            quota_bytes: 1 << 20,
+            max_files: 100,
+            max_sessions: 4,
+        }
+    }
+
+    fn collected(files: &[(&str, &[u8])]) -> Collected {
+        Collected {
+            files: files
+                .iter()
+                .map(|(p, c)| JobFile {
+                    path: p.to_string(),
+                    content: c.to_vec(),
+                })
+                .collect(),
+            summary: WalkSummary {
+                files: files.len(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Every entry under `dir` but those in `skip`, with the content of regular files,
+    /// symlinks not followed.
+    fn snapshot(dir: &Path, skip: &[PathBuf]) -> BTreeMap<PathBuf, Vec<u8>> {
+        fn walk(dir: &Path, skip: &[PathBuf], out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+            for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+                let p = e.path();
+                if skip.contains(&p) {
+                    continue;
+                }
+                out.insert(p.clone(), Vec::new());
+                let m = std::fs::symlink_metadata(&p).expect("lstat");
+                if m.is_dir() {
+                    walk(&p, skip, out);
+                } else if m.is_file() {
+                    out.insert(p.clone(), std::fs::read(&p).expect("read"));
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(dir, skip, &mut out);
+        out
+    }
+
+    #[test]
+    fn reads_return_only_the_sessions_own_files() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let d = tmpdir();
+        std::fs::write(d.join("host-secret.txt"), "SECRET").expect("plant");
+        let store = SessionStore::open(opts(&d)).expect("store");
+        let info = store.create().expect("create");
+        let id = SessionId::parse("id", &info.session_id).expect("id");
+        let run = rt.block_on(store.begin_run(&id)).expect("run");
+        store
+            .apply(
+                &run,
+                &collected(&[("a.txt", b"INSIDE a"), ("sub/b.txt", b"INSIDE b")]),
+            )
+            .expect("apply");
+        drop(run);
+        let files = d.join(id.dir_name()).join(FILES);
+        std::os::unix::fs::symlink(d.join("host-secret.txt"), files.join("link")).expect("ln");
+        std::os::unix::fs::symlink("..", files.join("abs")).expect("ln");
+        std::os::unix::fs::symlink("/etc", files.join("outside.txt")).expect("ln");
+        runner(256)
+            .run(&hostile_path(), |path| {
+                match store.read(&id, &path, 0, 1 << 16) {
+                    Ok(art) => {
+                        prop_assert!(art.content.starts_with(b"INSIDE"), "{:?}", path);
+                        prop_assert!(validate_relative_path("p", &path).is_ok());
+                    }
+                    Err(StoreError::InvalidArgument(_) | StoreError::NoSuchFile { .. }) => {}
+                    Err(e) => {
+                        return Err(TestCaseError::fail(format!("{path:?}: {e}")));
+                    }
+                }
+                Ok(())
+            })
+            .expect("property");
+        std::fs::remove_dir_all(&d).expect("rm");
+    }
+
+    #[test]
+    fn saving_hostile_paths_writes_nothing_outside_the_session() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let d = tmpdir();
+        std::fs::write(d.join("host-secret.txt"), "SECRET").expect("plant");
+        let store = SessionStore::open(opts(&d)).expect("store");
+        let info = store.create().expect("create");
+        let id = SessionId::parse("id", &info.session_id).expect("id");
+        let session = d.join(id.dir_name());
+        // What a save may change: the files, the metadata, the scratch copy it builds.
+        let skip = [FILES, META, FILES_NEW].map(|n| session.join(n));
+        let strategy = proptest::collection::vec(hostile_path(), 1..4);
+        runner(64)
+            .run(&strategy, |paths| {
+                let before = snapshot(&d, &skip);
+                let run = rt.block_on(store.begin_run(&id)).expect("run");
+                let mut unique = paths.clone();
+                unique.sort();
+                unique.dedup();
+                let files: Vec<(&str, &[u8])> =
+                    unique.iter().map(|p| (p.as_str(), &b"W"[..])).collect();
+                let result = store.apply(&run, &collected(&files));
+                drop(run);
+                prop_assert_eq!(snapshot(&d, &skip), before);
+                let all_valid = unique
+                    .iter()
+                    .all(|p| validate_relative_path("p", p).is_ok());
+                if result.is_ok() {
+                    prop_assert!(all_valid, "{:?} saved", unique);
+                    // Each saved file is readable back at its path.
+                    for p in &unique {
+                        let art = store.read(&id, p, 0, 16);
+                        prop_assert!(art.is_ok(), "{:?}: {:?}", p, art.err());
+                    }
+                } else if all_valid {
+                    // Valid paths may still clash (a file where another needs a directory)
+                    // or have a component longer than the filesystem allows.
+                    let clash = unique
+                        .iter()
+                        .any(|p| unique.iter().any(|q| q.starts_with(&format!("{p}/"))));
+                    let too_long = unique.iter().any(|p| p.split('/').any(|c| c.len() > 255));
+                    prop_assert!(
+                        clash || too_long,
+                        "{:?} refused: {:?}",
+                        unique,
+                        result.err()
+                    );
+                }
+                Ok(())
+            })
+            .expect("property");
+        std::fs::remove_dir_all(&d).expect("rm");
+    }
+}
