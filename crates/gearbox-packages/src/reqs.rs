@@ -467,7 +467,10 @@ mod proptests {
         match eco {
             Ecosystem::Python => (
                 "[A-Za-z0-9]([A-Za-z0-9._-]{0,10}[A-Za-z0-9])?",
-                proptest::option::of(proptest::collection::vec("[a-z]([a-z0-9_]{0,4}[a-z0-9])?", 1..3)),
+                proptest::option::of(proptest::collection::vec(
+                    "[a-z]([a-z0-9_]{0,4}[a-z0-9])?",
+                    1..3,
+                )),
                 proptest::collection::vec(
                     (
                         prop::sample::select(vec!["==", "!=", "<=", ">=", "<", ">", "~=", "==="]),
