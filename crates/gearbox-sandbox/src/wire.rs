@@ -218,6 +218,7 @@ mod tests {
                 env: BTreeMap::new(),
                 files: vec![("big".into(), size)],
                 limits: None,
+                cpu_s: None,
             };
             let mut bytes = encode_handover(&h).expect("encode");
             bytes.extend_from_slice(b"only a few bytes");
@@ -342,6 +343,7 @@ mod proptests {
                         .iter()
                         .map(|(n, c)| (n.clone(), c.len() as u64))
                         .collect(),
+                    cpu_s: limits.as_ref().map(|l: &Limits| l.cpu_rlimit_secs()),
                     limits,
                 };
                 (h, files.into_iter().map(|(_, c)| c).collect())
@@ -379,6 +381,8 @@ mod proptests {
                     signal,
                     timed_out,
                     oom_killed,
+                    // Sampled memory goes with a peak; either way it round-trips.
+                    memory_sampled: peak.is_some() && oom_killed,
                     cpu_time_ms: cpu,
                     peak_memory_kb: peak,
                     duration_us,
