@@ -124,7 +124,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(128))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(128)))]
 
         #[test]
         fn reads_stay_in_the_directory(id in prop_oneof![

@@ -15,6 +15,18 @@
 //!
 //! Error types: `ToolNotAllowed`, `ToolTimeout`, `CallLimitExceeded`, `ToolFailed` (the tool
 //! answered `isError`, or its server is down or crashed), `BadRequest`.
+//!
+//! Bounds (a program that floods the socket and never reads cannot grow the server): a
+//! request line is at most 1 MiB; a run holds at most 16 connections; a connection has at
+//! most 8 requests in flight and a run 16, where a request is in flight from the moment its
+//! line is read until its answer is written to the socket. At a bound the broker stops
+//! reading (the program's writes block), it does not buffer. Every operation, `list_servers`
+//! and `list_tools` included, counts against `max_calls`.
+//!
+//! Who may connect: the run's directory is `0710` and its socket `0660`, both owned by the
+//! server with the sandbox's group (root: `nobody`), or `0700`/`0600` when the server is
+//! unprivileged (the sandbox is the server's own uid); a connection whose peer
+//! (`SO_PEERCRED`) is neither the server's uid nor the sandbox's is closed unread.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -29,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::codec::{FramedRead, LinesCodec};
 
@@ -44,9 +56,13 @@ pub const PYTHON_SDK: &str = include_str!("sdk/gearbox.py");
 pub const NODE_SDK: &str = include_str!("sdk/gearbox.js");
 
 /// Longest request line the broker reads (bytes).
-const MAX_LINE: usize = 4 * 1024 * 1024;
+const MAX_LINE: usize = 1024 * 1024;
 /// Connections one run may hold open at once.
 const MAX_CONNECTIONS: usize = 16;
+/// Requests one connection may have in flight (read, not yet answered on the socket).
+const MAX_IN_FLIGHT_PER_CONNECTION: usize = 8;
+/// Requests one run may have in flight over all its connections.
+const MAX_IN_FLIGHT_PER_RUN: usize = 16;
 /// Characters of a trimmed result handed to the code.
 const PREVIEW_CHARS: usize = 2_000;
 
@@ -131,6 +147,8 @@ struct RunState {
     calls: AtomicU32,
     records: Mutex<Vec<ToolCallRecord>>,
     sink: Arc<dyn ArtifactSink>,
+    /// Requests in flight over the run's connections (`MAX_IN_FLIGHT_PER_RUN` permits).
+    in_flight: Arc<Semaphore>,
 }
 
 /// The channel of one run. Dropping it stops serving and removes its directory;
@@ -211,13 +229,14 @@ pub(crate) async fn open(
         .map_err(|e| io("creating", &root, e))?;
     reachable_by_sandbox(&root)?;
     let dir = root.join(format!("run-{}", uuid::Uuid::new_v4().simple()));
+    let access = Access::of_server();
     std::fs::DirBuilder::new()
-        .mode(0o711)
+        .mode(0o700)
         .create(&dir)
         .map_err(|e| io("creating", &dir, e))?;
-    // DirBuilder's mode is masked by the umask; set it exactly.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-        .map_err(|e| io("chmod", &dir, e))?;
+    access
+        .restrict(&dir, 0o700)
+        .map_err(|e| io("restricting", &dir, e))?;
     // From here on, a failure removes the directory (the channel's Drop).
     let mut channel = RunChannel {
         socket: dir.join("broker.sock"),
@@ -230,6 +249,7 @@ pub(crate) async fn open(
             calls: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),
             sink,
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_RUN)),
         }),
         server: None,
     };
@@ -271,9 +291,10 @@ pub(crate) async fn open(
     }
     let listener =
         UnixListener::bind(&channel.socket).map_err(|e| io("binding", &channel.socket, e))?;
-    std::fs::set_permissions(&channel.socket, std::fs::Permissions::from_mode(0o666))
-        .map_err(|e| io("chmod", &channel.socket, e))?;
-    channel.server = Some(tokio::spawn(serve(listener, channel.state.clone())));
+    access
+        .restrict(&channel.socket, 0o600)
+        .map_err(|e| io("restricting", &channel.socket, e))?;
+    channel.server = Some(tokio::spawn(serve(listener, channel.state.clone(), access)));
     Ok(channel)
 }
 
@@ -342,12 +363,61 @@ impl Drop for RunChannel {
     }
 }
 
-async fn serve(listener: UnixListener, state: Arc<RunState>) {
+/// Who may reach a run's socket: the server's uid, and the sandbox's host uid (root only).
+#[derive(Debug, Clone, Copy)]
+struct Access {
+    server_uid: u32,
+    /// The sandbox's host uid and gid when it differs from the server's (root).
+    sandbox: Option<u32>,
+}
+
+impl Access {
+    fn of_server() -> Access {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let server_uid = unsafe { libc::geteuid() };
+        Access {
+            server_uid,
+            sandbox: (server_uid == 0).then_some(gearbox_core::SANDBOX_HOST_ID),
+        }
+    }
+
+    /// Give `path` `owner_mode` for the server and, as root, the same minus write-on-dirs
+    /// for the sandbox's group (a directory `0700` becomes `0710`, a socket `0600` `0660`).
+    fn restrict(&self, path: &Path, owner_mode: u32) -> std::io::Result<()> {
+        let mode = match self.sandbox {
+            Some(gid) => {
+                std::os::unix::fs::chown(path, None, Some(gid))?;
+                let group = if path.is_dir() { 0o010 } else { 0o060 };
+                owner_mode | group
+            }
+            None => owner_mode,
+        };
+        // Modes from DirBuilder/bind are masked by the umask; set them exactly.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    }
+
+    fn admits(&self, uid: u32) -> bool {
+        uid == self.server_uid || Some(uid) == self.sandbox
+    }
+}
+
+async fn serve(listener: UnixListener, state: Arc<RunState>, access: Access) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    match stream.peer_cred() {
+                        Ok(cred) if access.admits(cred.uid()) => {}
+                        Ok(cred) => {
+                            tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), "run broker: a connection from another user; closed");
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "run broker: no peer credentials; connection closed");
+                            continue;
+                        }
+                    }
                     if conns.len() >= MAX_CONNECTIONS {
                         tracing::debug!("run broker: too many connections; closing one");
                         drop(stream);
@@ -393,47 +463,76 @@ impl Refusal {
     }
 }
 
+/// Slots a request holds from the moment its line is read until its answer is written.
+type Slots = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
 async fn connection(stream: UnixStream, state: Arc<RunState>) {
     let (read, mut write) = stream.into_split();
     let mut lines = FramedRead::new(read, LinesCodec::new_with_max_length(MAX_LINE));
-    let (tx, mut rx) = mpsc::channel::<String>(64);
+    // Every answer in this channel holds its slots, so it never holds more than the
+    // connection's in-flight bound.
+    let (tx, mut rx) = mpsc::channel::<(String, Slots)>(MAX_IN_FLIGHT_PER_CONNECTION + 1);
     let writer = tokio::spawn(async move {
-        while let Some(mut line) = rx.recv().await {
+        while let Some((mut line, slots)) = rx.recv().await {
             line.push('\n');
-            if write.write_all(line.as_bytes()).await.is_err() {
+            let written = write.write_all(line.as_bytes()).await;
+            drop(slots);
+            if written.is_err() {
                 break;
             }
         }
     });
+    let connection_slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
     let mut requests = JoinSet::new();
     loop {
-        tokio::select! {
-            line = lines.next() => {
-                let Some(line) = line else { break };
-                let line = match line {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let answer = json!({"id": null, "ok": false, "error": {"type": "BadRequest", "message": format!("unreadable request: {e}")}});
-                        let _ = tx.send(answer.to_string()).await;
-                        break;
-                    }
-                };
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let state = state.clone();
-                let tx = tx.clone();
-                requests.spawn(async move {
-                    let answer = handle(&line, &state).await;
-                    let _ = tx.send(answer).await;
-                });
+        while requests.try_join_next().is_some() {}
+        // Take both slots before reading the next line: at a bound the program's writes
+        // block in its socket instead of piling up here.
+        let slots = loop {
+            tokio::select! {
+                slots = take_slots(&connection_slots, &state.in_flight) => break slots,
+                Some(_) = requests.join_next(), if !requests.is_empty() => {}
             }
-            Some(_) = requests.join_next(), if !requests.is_empty() => {}
+        };
+        let Some(slots) = slots else { break };
+        // Reap finished requests while waiting for the next line (FramedRead keeps a
+        // partial line across the select's cancellations).
+        let line = loop {
+            tokio::select! {
+                line = lines.next() => break line,
+                Some(_) = requests.join_next(), if !requests.is_empty() => {}
+            }
+        };
+        let Some(line) = line else { break };
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                let answer = json!({"id": null, "ok": false, "error": {"type": "BadRequest", "message": format!("unreadable request: {e}")}});
+                let _ = tx.send((answer.to_string(), slots)).await;
+                break;
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
         }
+        let state = state.clone();
+        let tx = tx.clone();
+        requests.spawn(async move {
+            let answer = handle(&line, &state).await;
+            let _ = tx.send((answer, slots)).await;
+        });
     }
     while requests.join_next().await.is_some() {}
     drop(tx);
     let _ = writer.await;
+}
+
+/// A slot of the connection, then one of the run (always in this order). `None` once a
+/// semaphore is closed (never, today).
+async fn take_slots(connection: &Arc<Semaphore>, run: &Arc<Semaphore>) -> Option<Slots> {
+    let mine = connection.clone().acquire_owned().await.ok()?;
+    let ours = run.clone().acquire_owned().await.ok()?;
+    Some((mine, ours))
 }
 
 async fn handle(line: &str, state: &RunState) -> String {
@@ -445,8 +544,14 @@ async fn handle(line: &str, state: &RunState) -> String {
     };
     let result = match req.op.as_str() {
         "call" => call(&req, state).await,
-        "list_servers" => Ok(list_servers(state).await),
-        "list_tools" => list_tools(&req, state).await,
+        "list_servers" => match state.count_listing() {
+            Ok(()) => Ok(list_servers(state).await),
+            Err(r) => Err(r),
+        },
+        "list_tools" => match state.count_listing() {
+            Ok(()) => list_tools(&req, state).await,
+            Err(r) => Err(r),
+        },
         other => Err(Refusal::new(
             "BadRequest",
             format!("op: unknown operation {other:?}; use call, list_servers or list_tools"),
@@ -491,6 +596,21 @@ async fn list_tools(req: &Request, state: &RunState) -> Result<Value, Refusal> {
 }
 
 impl RunState {
+    /// A listing counts against `max_calls` like a call (each one asks a server): past
+    /// the limit it is refused.
+    fn count_listing(&self) -> Result<(), Refusal> {
+        let max = self.policy.limits.max_calls;
+        if self.calls.fetch_add(1, Ordering::SeqCst) + 1 > max {
+            return Err(Refusal::new(
+                "CallLimitExceeded",
+                format!(
+                    "call limit reached: this run may make {max} tool calls and listings (max_calls)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn record(&self, r: ToolCallRecord) {
         if let Ok(mut records) = self.records.lock() {
             records.push(r);
@@ -711,6 +831,209 @@ mod tests {
         std::fs::remove_dir_all(&base).expect("cleanup");
     }
 
+    /// A channel of a broker without targets, its runtime directory under a fresh
+    /// directory any user can traverse.
+    async fn bare_channel(max_calls: u32) -> (RunChannel, PathBuf) {
+        // Short: a socket's path must fit in sun_path (108 bytes).
+        let unique = uuid::Uuid::new_v4().simple().to_string();
+        let base = std::env::temp_dir().join(format!("gbc-{}", &unique[..12]));
+        std::fs::create_dir_all(&base).expect("mkdir");
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let config = crate::BrokerConfig {
+            runtime_dir: Some(base.join("rt")),
+            ..crate::BrokerConfig::default()
+        };
+        let broker = Broker::new(&[], config).expect("an empty broker");
+        let limits = CallLimits {
+            max_calls,
+            ..CallLimits::default()
+        };
+        let policy = CallPolicy::new(vec!["everything/*".into()], limits).expect("policy");
+        let channel = broker.open_run(policy).await.expect("open");
+        (channel, base)
+    }
+
+    /// A program that writes requests with large answers and never reads them: the broker
+    /// stops reading (the program's writes block) after a bounded amount, instead of
+    /// taking every line in and holding its answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_program_that_never_reads_answers_is_not_read_either() {
+        use std::io::Write;
+        let (channel, base) = bare_channel(1_000_000).await;
+        let socket = channel.socket().to_path_buf();
+        // Each request names an unknown operation of 64 KiB, which the answer repeats.
+        let consumed = tokio::task::spawn_blocking(move || {
+            let mut stream = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
+            stream.set_nonblocking(true).expect("nonblocking");
+            let op = "x".repeat(64 * 1024);
+            let mut written = 0usize;
+            let mut stalled_since: Option<Instant> = None;
+            let mut id = 0u64;
+            let mut pending: Vec<u8> = Vec::new();
+            // Up to 256 MiB, or until no byte has gone in for two seconds.
+            while written < 256 << 20 {
+                if pending.is_empty() {
+                    id += 1;
+                    pending = format!("{{\"id\":{id},\"op\":\"{op}\"}}\n").into_bytes();
+                }
+                match stream.write(&pending) {
+                    Ok(n) => {
+                        written += n;
+                        pending.drain(..n);
+                        stalled_since = None;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        let since = *stalled_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() > Duration::from_secs(2) {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(e) => panic!("writing requests: {e}"),
+                }
+            }
+            written
+        })
+        .await
+        .expect("writer");
+        // Bound: the socket buffers both ways, the requests in flight (8) and one partial
+        // line (at most 1 MiB), with room to spare; without bounds all 256 MiB go in.
+        assert!(
+            consumed < 16 << 20,
+            "the broker took {consumed} bytes of requests from a program that reads no answers"
+        );
+        assert!(
+            channel.state.in_flight.available_permits()
+                >= MAX_IN_FLIGHT_PER_RUN - MAX_IN_FLIGHT_PER_CONNECTION,
+            "one connection holds at most its own share of the run's slots"
+        );
+        drop(channel);
+        std::fs::remove_dir_all(&base).expect("cleanup");
+    }
+
+    /// A listing counts against max_calls like a call.
+    #[tokio::test]
+    async fn listings_count_against_max_calls() {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let (channel, base) = bare_channel(2).await;
+        let stream = UnixStream::connect(channel.socket())
+            .await
+            .expect("connect");
+        let (read, mut write) = stream.into_split();
+        let mut lines = BufReader::new(read).lines();
+        let mut kinds = Vec::new();
+        for (id, req) in [
+            r#"{"id":1,"op":"list_servers"}"#,
+            r#"{"id":2,"op":"list_tools","server":"everything"}"#,
+            r#"{"id":3,"op":"list_servers"}"#,
+            r#"{"id":4,"op":"call","server":"everything","tool":"echo"}"#,
+        ]
+        .iter()
+        .enumerate()
+        {
+            write
+                .write_all(format!("{req}\n").as_bytes())
+                .await
+                .expect("write");
+            let line = lines.next_line().await.expect("read").expect("an answer");
+            let v: Value = serde_json::from_str(&line).expect("json");
+            assert_eq!(v["id"], json!(id + 1), "{line}");
+            kinds.push(v["error"]["type"].as_str().unwrap_or("ok").to_string());
+        }
+        // The first listing succeeds; the second asks a server that is not configured (it
+        // still counts); the third and the call are over the limit.
+        assert_eq!(
+            kinds,
+            ["ok", "ToolFailed", "CallLimitExceeded", "CallLimitExceeded"],
+            "answers in order"
+        );
+        drop(channel);
+        std::fs::remove_dir_all(&base).expect("cleanup");
+    }
+
+    /// Who may connect, as root: the run's directory and socket admit the sandbox's group
+    /// only, and a peer that passes the file modes but is neither the server's uid nor the
+    /// sandbox's is closed unread (`SO_PEERCRED`). Each case is a real process of its own
+    /// uid and gid.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_server_and_the_sandbox_user_reach_a_runs_socket() {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::process::CommandExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("GEARBOX_SANDBOX_REQUIRED").is_none(),
+                "GEARBOX_SANDBOX_REQUIRED is set but this test needs root"
+            );
+            eprintln!("skipped: needs root to act as other users");
+            return;
+        }
+        let (channel, base) = bare_channel(100).await;
+        let dir = std::fs::metadata(channel.dir()).expect("stat dir");
+        assert_eq!(dir.mode() & 0o7777, 0o710);
+        assert_eq!((dir.uid(), dir.gid()), (0, gearbox_core::SANDBOX_HOST_ID));
+        let sock = std::fs::metadata(channel.socket()).expect("stat socket");
+        assert_eq!(sock.mode() & 0o777, 0o660);
+        assert_eq!(sock.gid(), gearbox_core::SANDBOX_HOST_ID);
+
+        let socket = channel.socket().to_path_buf();
+        let client = |uid: u32, gid: u32| {
+            let socket = socket.clone();
+            async move {
+                let out = tokio::task::spawn_blocking(move || {
+                    // Debian's interpreter: one under root's home is not reachable by
+                    // another uid.
+                    std::process::Command::new("/usr/bin/python3")
+                        .arg("-c")
+                        .arg(
+                            "import socket,sys\n\
+                             s=socket.socket(socket.AF_UNIX)\n\
+                             try:\n s.connect(sys.argv[1])\n\
+                             except OSError as e:\n print('refused', e.errno); sys.exit()\n\
+                             try:\n\
+                             \x20s.sendall(b'{\"id\":7,\"op\":\"list_servers\"}\\n')\n\
+                             \x20s.settimeout(10)\n\
+                             \x20r=s.recv(4096)\n\
+                             except OSError:\n r=b''\n\
+                             print('answer', r.decode().strip() or 'none')\n",
+                        )
+                        .arg(&socket)
+                        .uid(uid)
+                        .gid(gid)
+                        .output()
+                        .expect("python3")
+                })
+                .await
+                .expect("client");
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                String::from_utf8_lossy(&out.stdout).trim().to_string()
+            }
+        };
+        let nobody = gearbox_core::SANDBOX_HOST_ID;
+        let sandbox = client(nobody, nobody).await;
+        assert!(
+            sandbox.starts_with("answer {\"id\":7,\"ok\":true"),
+            "{sandbox}"
+        );
+        let stranger = client(4242, 4242).await;
+        assert_eq!(
+            stranger,
+            format!("refused {}", libc::EACCES),
+            "file modes keep out another user"
+        );
+        let in_group = client(4242, nobody).await;
+        assert_eq!(
+            in_group, "answer none",
+            "a peer of another uid is closed unread"
+        );
+        drop(channel);
+        std::fs::remove_dir_all(&base).expect("cleanup");
+    }
+
     #[test]
     fn truncate_keeps_characters_whole() {
         assert_eq!(truncate("héllo", 2), "h");
@@ -754,6 +1077,7 @@ mod proptests {
             calls: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),
             sink: Arc::new(NoSink),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_RUN)),
         }
     }
 
@@ -862,7 +1186,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(256)))]
 
         #[test]
         fn arbitrary_lines_get_one_answer(

@@ -83,7 +83,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(1024)))]
 
         #[test]
         fn matching_agrees_with_the_definition(

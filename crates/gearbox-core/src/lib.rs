@@ -21,6 +21,16 @@ pub use language::{LanguageSpec, LanguageTable, ResolvedLanguage};
 pub use limits::{LimitOverrides, Limits};
 pub use names::{NameError, validate_relative_path};
 pub use outcome::{Outcome, ResourceUsage, Status};
-pub use request::{Encoding, ExecRequest, FileInput, Job, JobFile, LAUNCHER_PATH};
+pub use request::{Encoding, ExecRequest, FileInput, Job, JobFile, LAUNCHER_PATH, SANDBOX_HOST_ID};
 pub use sandbox::{BackendKind, BackendReport, CollectFuture, RunFuture, Sandbox, SandboxError};
 pub use tree::{CollectLimits, Collected, WalkSummary};
+
+/// Cases for a property test: `default`, or `PROPTEST_CASES` when it is set (the longer run of
+/// `scripts/fuzz.sh`). proptest's own `with_cases` ignores that variable.
+#[doc(hidden)]
+pub fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

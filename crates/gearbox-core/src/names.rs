@@ -203,7 +203,7 @@ pub(crate) mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases(512)))]
 
         #[test]
         fn accepted_names_stay_inside(name in hostile_name()) {

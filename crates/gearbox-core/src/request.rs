@@ -14,6 +14,9 @@ use crate::names::validate_relative_path;
 
 /// Where a warm sandbox's launcher script lives inside the sandbox.
 pub const LAUNCHER_PATH: &str = "/.gearbox/launcher";
+/// The host uid and gid a sandbox's user maps to when the server runs as root (`nobody`):
+/// never host root. Unprivileged, a sandbox maps to the server's own ids.
+pub const SANDBOX_HOST_ID: u32 = 65534;
 
 /// Most files one call may bring.
 pub const MAX_FILES: usize = 256;

@@ -591,7 +591,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(512)))]
 
         #[test]
         fn hostile_requirements_never_pass_unsafe(

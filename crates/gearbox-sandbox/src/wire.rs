@@ -427,7 +427,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(128))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(128)))]
 
         #[test]
         fn specs_round_trip_and_leave_stdin_unread(

@@ -446,7 +446,7 @@ pub(crate) mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(256)))]
 
         #[test]
         fn arbitrary_arguments_never_panic(args in arguments()) {

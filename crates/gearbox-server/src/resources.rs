@@ -298,7 +298,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(256)))]
 
         #[test]
         fn snippet_uris_serve_only_snippets(uri in prop_oneof![uri(), any::<String>()]) {

@@ -823,7 +823,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(512)))]
 
         #[test]
         fn decoding_is_strict(s in prop_oneof![tail(), any::<String>()]) {

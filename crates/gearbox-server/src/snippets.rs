@@ -194,7 +194,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(512)))]
 
         #[test]
         fn accepted_names_are_one_plain_file_name(name in name()) {

@@ -194,7 +194,7 @@ pub(crate) mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(256)))]
 
         #[test]
         fn writes_stay_beneath_the_directory(path in hostile_path()) {

@@ -131,7 +131,7 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig::with_cases(gearbox_core::fuzz_cases(512)))]
 
         #[test]
         fn exactly_canonical_v4_ids_are_accepted(s in candidate()) {

@@ -923,7 +923,9 @@ mod proptests {
     use gearbox_core::WalkSummary;
 
     fn runner(cases: u32) -> TestRunner {
-        TestRunner::new(contextualize_config(Config::with_cases(cases)))
+        TestRunner::new(contextualize_config(Config::with_cases(
+            gearbox_core::fuzz_cases(cases),
+        )))
     }
 
     fn tmpdir() -> PathBuf {

@@ -821,3 +821,115 @@ fn manifest_dir() -> std::path::PathBuf {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
+
+/// What a broken or hostile client writes on stdio, as raw bytes: lines that are not JSON,
+/// JSON that is not JSON-RPC, wrong types, an unknown method, a 16 MiB line, invalid UTF-8.
+/// Each gets a JSON-RPC error or is dropped; the server never dies and answers the next
+/// well-formed call correctly.
+#[tokio::test]
+async fn hostile_bytes_on_stdio_never_stop_the_server() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
+        .arg("serve")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn gearbox serve");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    // Write one line, then read answers until the one with `id` (others are logged).
+    async fn send(stdin: &mut tokio::process::ChildStdin, line: &[u8]) {
+        stdin.write_all(line).await.expect("write");
+        stdin.write_all(b"\n").await.expect("write");
+        stdin.flush().await.expect("flush");
+    }
+    async fn answer(
+        lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+        id: i64,
+    ) -> Value {
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                .await
+                .unwrap_or_else(|_| panic!("no answer to id {id} within 60 s"))
+                .expect("read")
+                .unwrap_or_else(|| panic!("the server closed stdout before answering id {id}"));
+            let v: Value =
+                serde_json::from_str(&line).expect("every line the server writes is JSON");
+            assert_eq!(v["jsonrpc"], "2.0", "{line}");
+            if v["id"] == json!(id) {
+                return v;
+            }
+        }
+    }
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}});
+    send(&mut stdin, b"this is not json").await;
+    send(&mut stdin, init.to_string().as_bytes()).await;
+    let v = answer(&mut lines, 1).await;
+    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+    send(
+        &mut stdin,
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+
+    let hostile: Vec<Vec<u8>> = vec![
+        b"{".to_vec(),
+        b"[]".to_vec(),
+        b"null".to_vec(),
+        br#"{"jsonrpc":"1.0","id":50,"method":"tools/list"}"#.to_vec(),
+        b"\xff\xfe\x00garbage".to_vec(),
+        br#"{"jsonrpc":"2.0","id":{"nested":true},"method":"tools/list"}"#.to_vec(),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":51,"method":"tools/call","params":{{"name":"execute_code","arguments":{{"language":"python","code":"{}"}}}}}}"#,
+            "#".repeat(16 << 20)
+        )
+        .into_bytes(),
+    ];
+    for line in &hostile {
+        send(&mut stdin, line).await;
+    }
+    // Wrong types and an unknown method get JSON-RPC errors with their own ids.
+    send(
+        &mut stdin,
+        br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"execute_code","arguments":{"language":5,"code":[]}}}"#,
+    )
+    .await;
+    let v = answer(&mut lines, 2).await;
+    let said = v.to_string();
+    assert!(
+        v["error"].is_object() || v["result"]["isError"] == json!(true),
+        "wrong types are refused: {said}"
+    );
+    assert!(
+        said.contains("language"),
+        "the error names the field: {said}"
+    );
+    send(
+        &mut stdin,
+        br#"{"jsonrpc":"2.0","id":3,"method":"no/such/method"}"#,
+    )
+    .await;
+    let v = answer(&mut lines, 3).await;
+    assert_eq!(v["error"]["code"], json!(-32601), "{v}");
+    send(
+        &mut stdin,
+        br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"python","code":"print(6*7)"}}}"#,
+    )
+    .await;
+    let v = answer(&mut lines, 4).await;
+    assert_eq!(v["result"]["structuredContent"]["stdout"], "42\n", "{v}");
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "the server is still running"
+    );
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the server ends when stdin closes")
+        .expect("wait");
+    assert!(status.success(), "clean exit on EOF, not a panic: {status}");
+}

@@ -195,7 +195,7 @@ for host, port in [("151.101.0.223", 443), ("104.16.0.35", 443), ("1.1.1.1", 53)
     except OSError as e:
         print("blocked", host, e.errno)
 try:
-    socket.getaddrinfo("pypi.org", 443)
+    socket.getaddrinfo("example.com", 443)
     print("RESOLVED")
 except OSError as e:
     print("no dns", e)

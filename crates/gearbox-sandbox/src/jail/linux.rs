@@ -19,7 +19,7 @@ use crate::wire::{JailReport, JailSpec, StepError};
 /// The uid and gid the program has inside its user namespace.
 pub const SANDBOX_ID: u32 = 1000;
 /// Host uid/gid the sandbox maps to when the helper runs as root: never host root.
-pub const NOBODY: u32 = 65534;
+pub const NOBODY: u32 = gearbox_core::SANDBOX_HOST_ID;
 /// Byte that lets init build the root.
 pub const GO_BUILD: &[u8] = b"b";
 /// Byte that lets init start the program, memory capped by the cgroup.

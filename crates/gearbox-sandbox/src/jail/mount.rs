@@ -49,6 +49,22 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
         .step("make mounts private")?;
+    // The server's mounts (package layers, the broker's run directory) are opened before the
+    // new root covers NEWROOT (/tmp): one under /tmp, as the broker's is by default when the
+    // server is unprivileged, would be hidden otherwise. They are bound through these
+    // descriptors below. A path that does not exist is skipped, as before.
+    let sources: Vec<(&Path, fs::File)> = spec
+        .mounts
+        .iter()
+        .filter_map(|m| {
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(m)
+                .ok()
+                .map(|f| (m.as_path(), f))
+        })
+        .collect();
     mount(
         Some("tmpfs"),
         NEWROOT,
@@ -62,16 +78,19 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     for dir in SYSTEM_DIRS {
         mirror(Path::new(dir), &inside(root, Path::new(dir)))?;
     }
-    for m in &spec.mounts {
-        if m.exists() {
-            bind_ro(m, &inside(root, m))?;
-        }
-    }
     build_etc(root, spec.network)?;
     build_proc(root, spec.pooled.as_ref().is_some_and(|p| p.zygote))?;
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;
     write_files(&root.join("work"), &spec.files, files)?;
+    // The server's mounts come after the scratch tmpfs, so one under /tmp is bound on top
+    // of the run's /tmp instead of hidden by it.
+    for (m, file) in &sources {
+        use std::os::fd::AsRawFd;
+        let via = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        bind_ro_named(&via, &inside(root, m), m)?;
+    }
+    drop(sources);
     if let Some(Pooled {
         launcher: Some((name, _)),
         zygote,
@@ -166,7 +185,12 @@ fn mirror(src: &Path, dst: &Path) -> Result<(), StepError> {
 /// Bind `src` read-only at `dst`, creating the mount point, keeping the flags the kernel
 /// locks in a user namespace (nosuid, nodev, noexec, atime).
 fn bind_ro(src: &Path, dst: &Path) -> Result<(), StepError> {
-    let what = format!("bind {}", src.display());
+    bind_ro_named(src, dst, src)
+}
+
+/// [`bind_ro`] of `src`, named `name` in errors (`src` may be a `/proc/self/fd` link).
+fn bind_ro_named(src: &Path, dst: &Path, name: &Path) -> Result<(), StepError> {
+    let what = format!("bind {}", name.display());
     let meta = fs::metadata(src).step(&what)?;
     if let Some(parent) = dst.parent() {
         fs::create_dir_all(parent).step(&what)?;

@@ -418,3 +418,24 @@ async fn wasm_backend_runs_javascript_and_refuses_other_languages() {
             .contains("javascript only")
     );
 }
+
+/// A server mount under /tmp (the broker's run directory when there is no
+/// XDG_RUNTIME_DIR and the server is unprivileged) is visible on top of the run's private
+/// /tmp, read-only, and the rest of /tmp is still the run's own.
+#[tokio::test]
+async fn a_server_mount_under_tmp_is_visible_over_the_runs_tmp() {
+    let dir = std::env::temp_dir().join(format!("gearbox-mnt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    // The sandbox user (nobody as root) must be able to walk down to it.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::write(dir.join("sdk.txt"), "from the host\n").expect("write");
+    let path = dir.join("sdk.txt").display().to_string();
+    let code = format!(
+        "cat {path}; echo mine > /tmp/own && cat /tmp/own; echo x > {path} 2>/dev/null || echo read-only"
+    );
+    let o = run("bash", &code).mount(&dir).go().await;
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "from the host\nmine\nread-only\n", "{o:?}");
+}

@@ -96,6 +96,12 @@ impl Run {
         self.req.env.extend(env);
         self
     }
+    /// A host path mounted read-only at the same place (as the server mounts package layers
+    /// and the broker's run directory).
+    pub fn mount(mut self, path: &std::path::Path) -> Self {
+        self.req.mounts.push(path.to_path_buf());
+        self
+    }
     pub fn backend(mut self, b: BackendKind) -> Self {
         self.backend = Some(b);
         self
