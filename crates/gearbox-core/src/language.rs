@@ -157,6 +157,33 @@ impl LanguageTable {
         self.languages.keys().map(String::as_str)
     }
 
+    /// A language name as a caller wrote it ("Python", "js", "golang", or an extension such
+    /// as "py") to a configured name; an unknown one is an error naming the field and the
+    /// configured languages.
+    pub fn normalize(&self, raw: &str) -> Result<String, String> {
+        let l = raw.trim().to_ascii_lowercase();
+        if self.get(&l).is_some() {
+            return Ok(l);
+        }
+        let alias = match l.as_str() {
+            "node" | "nodejs" | "node.js" | "js" => "javascript",
+            "python3" | "py" => "python",
+            "golang" => "go",
+            "sh" | "shell" => "bash",
+            _ => "",
+        };
+        if !alias.is_empty() && self.get(alias).is_some() {
+            return Ok(alias.to_string());
+        }
+        if let Some(name) = self.by_extension(&l) {
+            return Ok(name.to_string());
+        }
+        Err(format!(
+            "language: unknown language {raw:?}; available: {}",
+            self.names().collect::<Vec<_>>().join(", ")
+        ))
+    }
+
     /// The language a file extension selects.
     pub fn by_extension(&self, ext: &str) -> Option<&str> {
         self.languages
@@ -260,6 +287,18 @@ fn install_prefix(interp: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn language_names_are_forgiving_but_not_silent() {
+        let t = LanguageTable::builtin();
+        assert_eq!(t.normalize("Python").as_deref(), Ok("python"));
+        assert_eq!(t.normalize("JavaScript").as_deref(), Ok("javascript"));
+        assert_eq!(t.normalize("js").as_deref(), Ok("javascript"));
+        assert_eq!(t.normalize("golang").as_deref(), Ok("go"));
+        assert_eq!(t.normalize("sh").as_deref(), Ok("bash"));
+        let e = t.normalize("cobol").expect_err("unknown");
+        assert!(e.starts_with("language:") && e.contains("python"), "{e}");
+    }
 
     #[test]
     fn builtin_table_has_the_four_languages() {

@@ -42,8 +42,8 @@ pub struct Config {
     /// MCP tool profiles `gearbox serve` exposes (default `["default"]`): `default`
     /// (`execute_code`), `isolator` (`execute_code` of isolator-mcp), `quickjs`
     /// (`run_javascript_code`), `heroku` (`code_exec_python`), `sidecar` (`execute`,
-    /// `list_packages`), `sessions` (`execute_code` and the session tools). `--profile` on
-    /// the command line replaces this list.
+    /// `list_packages`), `sessions` (`execute_code` and the session tools), `broker`
+    /// (discovery of `[[targets]]`). `--profile` on the command line replaces this list.
     pub profiles: Vec<ToolProfile>,
     /// How many runs may execute at once and how many may wait (every transport).
     pub concurrency: ConcurrencyConfig,

@@ -98,8 +98,10 @@ pub fn analyse(table: &LanguageTable, req: &ExecRequest) -> Analysis {
 /// - `read_only`: nothing runs.
 /// - `restricted`: every capability is denied, asked for or detected; the refusal lists the
 ///   findings so the code can be rewritten. High risk alone runs (the sandbox holds).
-/// - `user_confirmed`: any capability, asked for or detected, and (with `ask_on_high_risk`)
-///   high risk go to a human.
+/// - `user_confirmed`: a capability the call asked for, and (with `ask_on_high_risk`) high
+///   risk, go to a human. A capability only detected is not granted, so it is not asked
+///   about either: the run goes ahead without it, and the report names it (`detected`) so
+///   the caller can ask for it.
 /// - `full_trust`: capabilities the call asked for are granted; detected ones are reported
 ///   but not granted unasked (least privilege: analysis can be wrong both ways).
 pub fn evaluate(
@@ -134,12 +136,11 @@ pub fn evaluate(
             }
         }
         Gear::UserConfirmed => {
-            let needs: BTreeSet<Capability> = requested.union(&detected).copied().collect();
             let risky = ask_on_high_risk && analysis.risk == Risk::High;
-            if needs.is_empty() && !risky {
+            if requested.is_empty() && !risky {
                 Verdict::Allow(BTreeSet::new())
             } else {
-                Verdict::Ask(needs)
+                Verdict::Ask(requested.clone())
             }
         }
         Gear::FullTrust => Verdict::Allow(requested.clone()),
@@ -328,15 +329,19 @@ mod tests {
     }
 
     #[test]
-    fn user_confirmed_asks_for_needs_and_high_risk_only() {
+    fn user_confirmed_asks_for_requested_capabilities_and_high_risk_only() {
         assert_eq!(
             eval(Gear::UserConfirmed, &req("python", "print(1)")).verdict,
             Verdict::Allow(BTreeSet::new())
         );
-        let e = eval(
-            Gear::UserConfirmed,
-            &req("bash", "curl https://example.com\n"),
-        );
+        // Network only suspected: not granted, so nobody is asked; the report says it.
+        let mut r = req("bash", "curl https://example.com\n");
+        let e = eval(Gear::UserConfirmed, &r);
+        assert_eq!(e.verdict, Verdict::Allow(BTreeSet::new()));
+        assert_eq!(e.report.detected, vec![Capability::Network]);
+        assert!(e.report.granted.is_empty());
+        r.network = true;
+        let e = eval(Gear::UserConfirmed, &r);
         assert_eq!(e.verdict, Verdict::Ask([Capability::Network].into()));
         let e = eval(
             Gear::UserConfirmed,

@@ -1,7 +1,7 @@
 //! The tools of each profile: their definitions (name, schemas, annotations) and the mapping
 //! from their arguments to an [`ExecRequest`], and from an [`Outcome`] to their result shape.
 
-use gearbox_core::{BackendKind, ExecRequest, LanguageTable, LimitOverrides, Outcome, Status};
+use gearbox_core::{BackendKind, Capability, ExecRequest, LimitOverrides, Outcome, Status};
 use gearbox_engine::Engine;
 use gearbox_engine::config::ToolProfile;
 use rmcp::model::{CallToolResult, ContentBlock, Tool, ToolAnnotations};
@@ -96,7 +96,7 @@ pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
     let mut out: Vec<(ToolKind, Tool)> = Vec::new();
     let mut push = |kind: ToolKind, tool: Tool| {
         if !out.iter().any(|(_, t)| t.name == tool.name) {
-            out.push((kind, tool));
+            out.push((kind, standard_formats(tool)));
         }
     };
     for p in profiles {
@@ -262,6 +262,66 @@ fn portable(mut tool: Tool) -> Tool {
     tool
 }
 
+/// The `format` values JSON Schema (draft 2020-12) defines.
+const STANDARD_FORMATS: &[&str] = &[
+    "date-time",
+    "date",
+    "time",
+    "duration",
+    "email",
+    "idn-email",
+    "hostname",
+    "idn-hostname",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uuid",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
+];
+
+/// Tool schemas in standard JSON Schema: schemars writes its own formats for Rust integer
+/// types (`uint64`, `int32`...), which strict validators (the TypeScript SDK's) warn about or
+/// refuse. They go; an unsigned integer keeps (or gets) `minimum: 0`.
+fn standard_formats(mut tool: Tool) -> Tool {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                let custom = map
+                    .get("format")
+                    .and_then(|f| f.as_str())
+                    .filter(|f| !STANDARD_FORMATS.contains(f))
+                    .map(str::to_string);
+                if let Some(format) = custom {
+                    map.remove("format");
+                    if format.starts_with("uint") && !map.contains_key("minimum") {
+                        map.insert("minimum".into(), serde_json::json!(0));
+                    }
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let fix = |schema: &std::sync::Arc<rmcp::model::JsonObject>| {
+        let mut v = serde_json::Value::Object(schema.as_ref().clone());
+        walk(&mut v);
+        match v {
+            serde_json::Value::Object(map) => std::sync::Arc::new(map),
+            _ => schema.clone(),
+        }
+    };
+    tool.input_schema = fix(&tool.input_schema);
+    tool.output_schema = tool.output_schema.as_ref().map(fix);
+    tool
+}
+
 fn empty_schema() -> std::sync::Arc<rmcp::model::JsonObject> {
     std::sync::Arc::new(rmcp::model::JsonObject::new())
 }
@@ -275,31 +335,6 @@ impl WithTitle for ToolAnnotations {
         self.title = Some(title.to_string());
         self
     }
-}
-
-/// A language name as a caller wrote it ("Python", "js", "golang") to a configured name.
-pub fn normalize_language(table: &LanguageTable, raw: &str) -> Result<String, String> {
-    let l = raw.trim().to_ascii_lowercase();
-    if table.get(&l).is_some() {
-        return Ok(l);
-    }
-    let alias = match l.as_str() {
-        "node" | "nodejs" | "node.js" | "js" => "javascript",
-        "python3" | "py" => "python",
-        "golang" => "go",
-        "sh" | "shell" => "bash",
-        _ => "",
-    };
-    if !alias.is_empty() && table.get(alias).is_some() {
-        return Ok(alias.to_string());
-    }
-    if let Some(name) = table.by_extension(&l) {
-        return Ok(name.to_string());
-    }
-    Err(format!(
-        "language: unknown language {raw:?}; available: {}",
-        table.names().collect::<Vec<_>>().join(", ")
-    ))
 }
 
 /// A call turned into a run, or refused before anything ran.
@@ -352,7 +387,7 @@ pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
                     Err(e) => return refuse(e),
                 };
             if let Some(l) = &a.language {
-                match normalize_language(table, l) {
+                match table.normalize(l) {
                     Ok(l) if l == snippet.info.language => {}
                     Ok(l) => {
                         return refuse(format!(
@@ -373,7 +408,7 @@ pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
             let Some(raw) = &a.language else {
                 return refuse("language: missing; it is required with code".into());
             };
-            match normalize_language(table, raw) {
+            match table.normalize(raw) {
                 Ok(l) => (l, code, None),
                 Err(e) => return refuse(e),
             }
@@ -430,7 +465,7 @@ pub fn prepare_code_exec_python(_engine: &Engine, a: CodeExecPythonArgs) -> Prep
 /// `execute` of the sidecar profile.
 pub fn prepare_sidecar_execute(engine: &Engine, a: SidecarExecuteArgs) -> Prepared {
     let raw = a.language.unwrap_or_else(|| "python".into());
-    match normalize_language(engine.language_table(), &raw) {
+    match engine.language_table().normalize(&raw) {
         Ok(language) => Prepared::Run {
             request: simple_request(&language, a.code),
             backend: None,
@@ -496,6 +531,33 @@ pub fn with_policy(mut r: CallToolResult, policy: &PolicyReport) -> CallToolResu
             policy.decided_by
         );
         r.content.push(ContentBlock::text(line));
+    }
+    // What analysis found in the code that the run was not given: say how to ask for it.
+    let missing: Vec<&Capability> = policy
+        .detected
+        .iter()
+        .filter(|c| !policy.granted.contains(c))
+        .collect();
+    if !missing.is_empty() {
+        let asks: Vec<String> = missing
+            .iter()
+            .map(|c| match c {
+                Capability::Network => "`network: true`".to_string(),
+                Capability::Packages => "`packages`".to_string(),
+                Capability::Tools => "`allow_tools`".to_string(),
+                other => format!("`{}`", other.as_str()),
+            })
+            .collect();
+        r.content.push(ContentBlock::text(format!(
+            "--- policy ---\nthe code seems to use {}, which this run did not have; if it \
+             needs it, call again with {}\n",
+            missing
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            asks.join(" and ")
+        )));
     }
     r
 }
@@ -635,21 +697,6 @@ pub fn argument_error(kind: ToolKind, engine: &Engine, message: String) -> CallT
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn language_names_are_forgiving_but_not_silent() {
-        let t = LanguageTable::builtin();
-        assert_eq!(normalize_language(&t, "Python").as_deref(), Ok("python"));
-        assert_eq!(
-            normalize_language(&t, "JavaScript").as_deref(),
-            Ok("javascript")
-        );
-        assert_eq!(normalize_language(&t, "js").as_deref(), Ok("javascript"));
-        assert_eq!(normalize_language(&t, "golang").as_deref(), Ok("go"));
-        assert_eq!(normalize_language(&t, "sh").as_deref(), Ok("bash"));
-        let e = normalize_language(&t, "cobol").expect_err("unknown");
-        assert!(e.starts_with("language:") && e.contains("python"), "{e}");
-    }
 
     #[test]
     fn heroku_returncode_follows_subprocess() {

@@ -95,7 +95,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Tool profile to expose (repeatable): default, isolator, quickjs, heroku, sidecar.
+    /// Tool profile to expose (repeatable): default, isolator, quickjs, heroku, sidecar,
+    /// sessions, broker.
     /// Replaces the configuration's `profiles`.
     #[arg(long = "profile")]
     profiles: Vec<ToolProfile>,
@@ -469,8 +470,13 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
         let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
         (s, Some(p))
     };
+    // The language is settled before the gear looks at the code: an unknown one is an
+    // error of its own, not code the analysis could not read ("high risk").
     let language = match (&args.language, &from_name) {
-        (Some(l), _) => l.clone(),
+        (Some(l), _) => engine
+            .language_table()
+            .normalize(l)
+            .map_err(|e| anyhow::anyhow!("--{e}"))?,
         (None, Some(p)) => {
             let ext = p.extension().and_then(|e| e.to_str()).unwrap_or_default();
             engine

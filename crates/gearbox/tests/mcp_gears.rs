@@ -203,6 +203,15 @@ fn st(r: &CallToolResult) -> &Value {
     r.structured_content.as_ref().expect("structuredContent")
 }
 
+/// Every text block of a result, joined.
+fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `gearbox approve|reject ID` against the server of `config`.
 fn decide(config: &PathBuf, verb: &str, id: &str, reason: Option<&str>) -> (bool, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gearbox"));
@@ -448,7 +457,7 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
 }
 
 #[tokio::test]
-async fn user_confirmed_asks_about_high_risk_and_detected_network() {
+async fn user_confirmed_asks_about_high_risk_but_not_about_suspected_network() {
     let s = start("user_confirmed").await;
     let r = call(
         &s,
@@ -468,6 +477,13 @@ async fn user_confirmed_asks_about_high_risk_and_detected_network() {
         "pending_approval",
         "dynamic evaluation: {r:?}"
     );
+    assert!(
+        st(&r)["reason"].as_str().unwrap_or("").contains("approve"),
+        "says how to approve: {r:?}"
+    );
+    // Code that seems to use the network, from a call that did not ask for it: it would
+    // not get the network whatever a human said, so nobody is asked; it runs without, and
+    // the result says what was found and how to ask.
     for lang in LANGUAGES {
         let r = call(
             &s,
@@ -476,10 +492,16 @@ async fn user_confirmed_asks_about_high_risk_and_detected_network() {
         )
         .await;
         let v = st(&r);
-        assert_eq!(v["status"], "pending_approval", "{lang}: {v}");
         assert!(
-            v["reason"].as_str().unwrap_or("").contains("approve"),
-            "{lang}: says how to approve: {v}"
+            v["status"] == "ok" || v["status"] == "error",
+            "{lang}: it ran: {v}"
+        );
+        assert_eq!(v["policy"]["detected"], json!(["network"]), "{lang}: {v}");
+        assert_eq!(v["policy"]["granted"], json!([]), "{lang}: {v}");
+        assert!(
+            text(&r).contains("call again with `network: true`"),
+            "{lang}: {}",
+            text(&r)
         );
     }
 }
@@ -604,24 +626,37 @@ async fn cli_run_follows_the_gear() {
         v["reason"].as_str().unwrap_or("").contains("network"),
         "{v}"
     );
-    // No terminal to ask: refused with how to proceed.
-    let out = std::process::Command::new("setsid")
-        .args([
-            "-w",
-            env!("CARGO_BIN_EXE_gearbox"),
-            "run",
-            "--gear",
-            "user_confirmed",
-            "--json",
-        ])
-        .arg(&prog)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("gearbox run");
+    let no_terminal = |extra: &[&str]| {
+        std::process::Command::new("setsid")
+            .args([
+                "-w",
+                env!("CARGO_BIN_EXE_gearbox"),
+                "run",
+                "--gear",
+                "user_confirmed",
+                "--json",
+            ])
+            .args(extra)
+            .arg(&prog)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("gearbox run")
+    };
+    // Network asked for and no terminal to ask: refused with how to proceed.
+    let out = no_terminal(&["--network"]);
     assert_eq!(out.status.code(), Some(126), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert!(
         v["reason"].as_str().unwrap_or("").contains("terminal"),
+        "{v}"
+    );
+    // Network only suspected by analysis: nobody is asked, the run goes ahead without it
+    // (the program's own lookup fails) instead of being refused.
+    let out = no_terminal(&[]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(
+        v["stderr"].as_str().unwrap_or("").contains("name resolution"),
         "{v}"
     );
 }

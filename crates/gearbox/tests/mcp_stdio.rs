@@ -166,6 +166,38 @@ async fn tools_list_matches_the_snapshot() {
     );
 }
 
+/// Every tool of every profile has schemas in standard JSON Schema: Ajv in strict mode,
+/// draft 2020-12 (the validator of the official TypeScript SDK), compiles each one, so no
+/// client warns about a custom `format` such as `uint64`.
+#[tokio::test]
+async fn tool_schemas_compile_in_a_strict_draft_2020_12_validator() {
+    let mut args = Vec::new();
+    for p in [
+        "default", "isolator", "quickjs", "heroku", "sidecar", "sessions", "broker",
+    ] {
+        args.extend(["--profile", p]);
+    }
+    let s = start(&args).await;
+    let tools = s.session.list_all_tools().await.expect("tools/list");
+    assert!(tools.len() >= 14, "every profile's tools: {}", tools.len());
+    let file = s._dir.0.join("tools.json");
+    std::fs::write(&file, serde_json::to_vec(&tools).expect("json")).expect("write");
+    let script = manifest_dir().join("../../tests/e2e/strict_schemas.js");
+    let out = std::process::Command::new("node")
+        .arg(&script)
+        .arg(&file)
+        .output()
+        .expect("node (scripts/setup.sh installs tests/npm)");
+    assert!(
+        out.status.success(),
+        "strict validation failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("schemas of"), "{said}");
+}
+
 #[tokio::test]
 async fn each_language_runs_with_structured_output() {
     let s = start(&[]).await;
