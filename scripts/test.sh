@@ -5,7 +5,7 @@
 #
 # Steps: formatting check; every crate's unit and integration tests (real sandboxes, real
 # MCP clients over stdio); the sandbox suite again as an unprivileged user; the end-to-end
-# client of the official MCP Python SDK. GEARBOX_LINT=1 adds clippy -D warnings.
+# client of the official MCP Python SDK; clippy -D warnings on every target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -22,10 +22,8 @@ cargo fmt --all -- --check
 # The fork server's native loop is compiled by build.rs, outside the crate's module tree.
 rustfmt --check --edition 2024 crates/gearbox-sandbox/src/launchers/fork.rs
 
-if [ -n "${GEARBOX_LINT:-}" ]; then
-    echo "== cargo clippy"
-    cargo clippy --workspace --all-targets --locked -- -D warnings
-fi
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # As root, every check that needs root and cgroups must run: a skip fails (the
 # unprivileged pass below starts from a clean environment and skips them).

@@ -15,6 +15,8 @@ pub mod approvals;
 mod args;
 pub mod audit;
 mod broker;
+#[cfg(test)]
+mod doc_check;
 pub mod gears;
 pub mod http;
 pub mod limiter;

@@ -309,14 +309,16 @@ fn standard_formats(mut tool: Tool) -> Tool {
             _ => {}
         }
     }
-    let fix = |schema: &std::sync::Arc<rmcp::model::JsonObject>| {
+    fn fix(
+        schema: &std::sync::Arc<rmcp::model::JsonObject>,
+    ) -> std::sync::Arc<rmcp::model::JsonObject> {
         let mut v = serde_json::Value::Object(schema.as_ref().clone());
         walk(&mut v);
         match v {
             serde_json::Value::Object(map) => std::sync::Arc::new(map),
             _ => schema.clone(),
         }
-    };
+    }
     tool.input_schema = fix(&tool.input_schema);
     tool.output_schema = tool.output_schema.as_ref().map(fix);
     tool

@@ -656,7 +656,10 @@ async fn cli_run_follows_the_gear() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["status"], "error", "{v}");
     assert!(
-        v["stderr"].as_str().unwrap_or("").contains("name resolution"),
+        v["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .contains("name resolution"),
         "{v}"
     );
 }

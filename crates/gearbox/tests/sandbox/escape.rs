@@ -673,8 +673,7 @@ func main() {
 async fn system_call_policy_holds_in_forked_sandboxes() {
     // The fork servers' programs run under the policy in two parts (the fork server's,
     // inherited, and their own): the same answers, each run checked to be a pool hit.
-    if !is_root() || !crate::support::cgroups_writable() {
-        eprintln!("FORK SERVER TESTS SKIPPED: they need root and cgroups (per-run limits)");
+    if !crate::support::root_and_cgroups("system_call_policy_holds_in_forked_sandboxes") {
         return;
     }
     use crate::fork_server::{forked, forked_engine_for};

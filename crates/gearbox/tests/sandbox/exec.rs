@@ -3,7 +3,7 @@
 
 use gearbox_core::{BackendKind, LimitOverrides, Status};
 
-use crate::support::{is_root, run};
+use crate::support::run;
 
 #[tokio::test]
 async fn python_hello() {
@@ -310,8 +310,7 @@ async fn process_backend_runs_and_kills_its_group() {
 
 #[tokio::test]
 async fn cgroups_are_used_when_root() {
-    if !is_root() {
-        eprintln!("not root: cgroup limits not in use, rlimits instead (see doctor)");
+    if !crate::support::root_and_cgroups("cgroups_are_used_when_root") {
         return;
     }
     let o = run("bash", "cat /proc/self/cgroup").go().await;
