@@ -53,20 +53,6 @@ impl Gear {
             Gear::FullTrust => "full_trust",
         }
     }
-
-    /// What this gear does with a run that needs `cap` (or, for `None`, a run flagged as
-    /// high risk by analysis).
-    pub fn decide(self, cap: Option<Capability>) -> Decision {
-        match (self, cap) {
-            (Gear::ReadOnly, _) => Decision::Deny,
-            (Gear::Restricted, Some(_)) => Decision::Deny,
-            // Restricted runs risky code anyway: the sandbox is the enforcement, and the
-            // code holds no capability to misuse.
-            (Gear::Restricted, None) => Decision::Allow,
-            (Gear::UserConfirmed, _) => Decision::Ask,
-            (Gear::FullTrust, _) => Decision::Allow,
-        }
-    }
 }
 
 impl std::fmt::Display for Gear {
@@ -130,15 +116,6 @@ impl std::fmt::Display for Capability {
     }
 }
 
-/// What a gear does with a need.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    Allow,
-    Ask,
-    Deny,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,18 +139,5 @@ mod tests {
                 .expect_err("unknown")
                 .contains("turbo")
         );
-    }
-
-    #[test]
-    fn decisions() {
-        for cap in Capability::ALL {
-            assert_eq!(Gear::ReadOnly.decide(Some(cap)), Decision::Deny);
-            assert_eq!(Gear::Restricted.decide(Some(cap)), Decision::Deny);
-            assert_eq!(Gear::UserConfirmed.decide(Some(cap)), Decision::Ask);
-            assert_eq!(Gear::FullTrust.decide(Some(cap)), Decision::Allow);
-        }
-        assert_eq!(Gear::ReadOnly.decide(None), Decision::Deny);
-        assert_eq!(Gear::Restricted.decide(None), Decision::Allow);
-        assert_eq!(Gear::UserConfirmed.decide(None), Decision::Ask);
     }
 }

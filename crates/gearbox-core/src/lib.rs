@@ -16,7 +16,7 @@ pub mod sandbox;
 pub mod tree;
 
 pub use capture::{CappedOutput, read_capped, read_capped_until};
-pub use gear::{Capability, Decision, Gear};
+pub use gear::{Capability, Gear};
 pub use language::{LanguageSpec, LanguageTable, ResolvedLanguage};
 pub use limits::{LimitOverrides, Limits};
 pub use names::{NameError, validate_relative_path};

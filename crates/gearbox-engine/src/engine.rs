@@ -12,6 +12,15 @@ use gearbox_sandbox::{LinuxSandbox, PoolStats, ProcessSandbox, WarmPool};
 use serde::Serialize;
 
 use crate::config::Config;
+use gearbox_packages::Layer;
+
+/// A run ready for its sandbox: what [`Engine::prepare`] settled.
+struct PreparedRun {
+    sandbox: Arc<dyn Sandbox>,
+    kind: BackendKind,
+    job: Job,
+    layer: Option<Layer>,
+}
 
 /// A configured language as this host sees it.
 #[derive(Debug, Clone, Serialize)]
@@ -153,11 +162,6 @@ impl Engine {
         &self.languages
     }
 
-    /// Register an extra backend (wasm, docker) built elsewhere.
-    pub fn add_backend(&mut self, sandbox: Arc<dyn Sandbox>) {
-        self.backends.insert(sandbox.kind(), sandbox);
-    }
-
     pub fn backend_kinds(&self) -> Vec<BackendKind> {
         let mut v: Vec<_> = self.backends.keys().copied().collect();
         v.sort_by_key(|k| k.as_str());
@@ -172,26 +176,31 @@ impl Engine {
             .clone()
     }
 
-    /// Run a request to completion. Every failure is an outcome: refusals are `denied`,
-    /// a sandbox that could not start is `error` with the reason.
-    pub async fn execute(&self, mut req: ExecRequest, backend: Option<BackendKind>) -> Outcome {
+    /// What every run does before its sandbox starts, whichever entry point: pick the
+    /// backend, refuse where limits cannot hold, resolve the language (the docker backend runs
+    /// the image's interpreter, so the host needs none), install packages, build the job.
+    /// Every failure is an outcome.
+    async fn prepare(
+        &self,
+        req: &mut ExecRequest,
+        backend: Option<BackendKind>,
+    ) -> Result<PreparedRun, Outcome> {
         self.start_pool();
         let kind = backend.unwrap_or(self.config.backend);
         let lang = req.language.clone();
         let Some(sandbox) = self.backends.get(&kind).cloned() else {
-            return Outcome::failed_to_start(
+            return Err(Outcome::failed_to_start(
                 &lang,
                 kind.as_str(),
                 format!("backend {kind} is not available in this build"),
-            );
+            ));
         };
         if let Some(why) = self.unenforced_limits(kind) {
-            return Outcome::denied(&lang, kind.as_str(), why);
+            return Err(Outcome::denied(&lang, kind.as_str(), why));
         }
         let resolved = match self.resolve(&lang) {
             Ok(r) => r,
             Err(e) => match (kind, self.languages.get(&lang)) {
-                // The docker backend runs the image's interpreter: the host needs none.
                 (BackendKind::Docker, Some(spec)) => ResolvedLanguage {
                     name: lang.clone(),
                     interpreter: PathBuf::from(
@@ -200,29 +209,35 @@ impl Engine {
                     spec: spec.clone(),
                     mounts: Vec::new(),
                 },
-                _ => return Outcome::failed_to_start(&lang, kind.as_str(), e),
+                _ => return Err(Outcome::failed_to_start(&lang, kind.as_str(), e)),
             },
         };
-        let layer = match self
-            .packages
-            .attach(&mut req, &resolved, kind.as_str())
-            .await
-        {
-            Ok(l) => l,
+        let layer = self.packages.attach(req, &resolved, kind.as_str()).await?;
+        let job = Job::build(req, &resolved, &self.config.limits)
+            .map_err(|e| Outcome::denied(&lang, kind.as_str(), e))?;
+        Ok(PreparedRun {
+            sandbox,
+            kind,
+            job,
+            layer,
+        })
+    }
+
+    /// Run a request to completion. Every failure is an outcome: refusals are `denied`,
+    /// a sandbox that could not start is `error` with the reason.
+    pub async fn execute(&self, mut req: ExecRequest, backend: Option<BackendKind>) -> Outcome {
+        let run = match self.prepare(&mut req, backend).await {
+            Ok(run) => run,
             Err(o) => return o,
         };
-        let job = match Job::build(&req, &resolved, &self.config.limits) {
-            Ok(j) => j,
-            Err(e) => return Outcome::denied(&lang, kind.as_str(), e),
-        };
-        match sandbox.run(job).await {
+        match run.sandbox.run(run.job).await {
             Ok(mut outcome) => {
-                crate::packages::account(&mut outcome, layer.as_ref());
+                crate::packages::account(&mut outcome, run.layer.as_ref());
                 outcome
             }
             Err(e) => {
-                tracing::warn!(backend = %kind, error = %e, "sandbox failed");
-                Outcome::failed_to_start(&lang, kind.as_str(), e.to_string())
+                tracing::warn!(backend = %run.kind, error = %e, "sandbox failed");
+                Outcome::failed_to_start(&req.language, run.kind.as_str(), e.to_string())
             }
         }
     }
@@ -240,32 +255,16 @@ impl Engine {
         workspace: Vec<JobFile>,
         limits: CollectLimits,
     ) -> (Outcome, Option<Collected>) {
-        self.start_pool();
-        let kind = backend.unwrap_or(self.config.backend);
-        let lang = req.language.clone();
-        let Some(sandbox) = self.backends.get(&kind).cloned() else {
-            let reason = format!("backend {kind} is not available in this build");
-            return (Outcome::failed_to_start(&lang, kind.as_str(), reason), None);
-        };
-        if let Some(why) = self.unenforced_limits(kind) {
-            return (Outcome::denied(&lang, kind.as_str(), why), None);
-        }
-        let resolved = match self.resolve(&lang) {
-            Ok(r) => r,
-            Err(e) => return (Outcome::failed_to_start(&lang, kind.as_str(), e), None),
-        };
-        let layer = match self
-            .packages
-            .attach(&mut req, &resolved, kind.as_str())
-            .await
-        {
-            Ok(l) => l,
+        let PreparedRun {
+            sandbox,
+            kind,
+            mut job,
+            layer,
+        } = match self.prepare(&mut req, backend).await {
+            Ok(run) => run,
             Err(o) => return (o, None),
         };
-        let mut job = match Job::build(&req, &resolved, &self.config.limits) {
-            Ok(j) => j,
-            Err(e) => return (Outcome::denied(&lang, kind.as_str(), e), None),
-        };
+        let lang = req.language.as_str();
         let given: std::collections::HashSet<String> =
             job.files.iter().map(|f| f.path.clone()).collect();
         job.files
@@ -279,7 +278,7 @@ impl Engine {
                 limits.max_files,
                 limits.max_bytes
             );
-            return (Outcome::denied(&lang, kind.as_str(), reason), None);
+            return (Outcome::denied(lang, kind.as_str(), reason), None);
         }
         let quota_mb = limits.max_bytes.div_ceil(1024 * 1024).max(1);
         job.limits.disk_mb = job.limits.disk_mb.min(quota_mb);
@@ -291,7 +290,7 @@ impl Engine {
             Err(e) => {
                 tracing::warn!(backend = %kind, error = %e, "sandbox failed");
                 (
-                    Outcome::failed_to_start(&lang, kind.as_str(), e.to_string()),
+                    Outcome::failed_to_start(lang, kind.as_str(), e.to_string()),
                     None,
                 )
             }

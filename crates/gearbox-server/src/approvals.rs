@@ -1,7 +1,7 @@
 //! Pending approvals: runs the `user_confirmed` gear put to a human out of band.
 //!
 //! An operation binds an unguessable id (UUID v4, 122 random bits) to the SHA-256 of exactly
-//! the request that was shown ([`crate::gears::request_hash`]). A human approves or rejects
+//! the request that was shown ([`gearbox_engine::policy::request_hash`]). A human approves or rejects
 //! it through the local socket (`gearbox approve ID`), or `POST /approvals/ID` on the HTTP
 //! daemon; the agent then calls again with the `operation_id` (same arguments) or calls
 //! `approval_status`, and the approved run happens once. Operations expire.
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::audit::{AuditLog, Record};
-use crate::gears::PolicyReport;
+use gearbox_engine::policy::PolicyReport;
 
 /// Most pending operations kept at once; beyond, new asks are refused (never evicted
 /// silently).
@@ -643,8 +643,8 @@ pub fn ask_local(dir: &Path, req: &LocalRequest) -> Result<Vec<OpView>, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gears;
     use gearbox_core::Gear;
+    use gearbox_engine::policy;
 
     fn report() -> PolicyReport {
         PolicyReport {
@@ -667,7 +667,7 @@ mod tests {
             ..Default::default()
         };
         let caps: BTreeSet<_> = [Capability::Network].into();
-        let hash = gears::request_hash(&req, &caps);
+        let hash = policy::request_hash(&req, &caps);
         let v = a
             .create(
                 req,

@@ -17,7 +17,6 @@ pub mod audit;
 mod broker;
 #[cfg(test)]
 mod doc_check;
-pub mod gears;
 pub mod http;
 pub mod limiter;
 pub mod metrics;

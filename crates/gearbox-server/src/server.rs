@@ -25,12 +25,12 @@ use crate::ServeOptions;
 use crate::approvals::{self, Approvals, LocalChannel, TakeError};
 use crate::args::parse;
 use crate::audit::{self, AuditLog, Record};
-use crate::gears::{self, PolicyReport, Verdict};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::resources;
 use crate::tools::{self, Prepared, ToolKind};
 use crate::{Caller, TransportName};
+use gearbox_engine::policy::{self, PolicyReport, Verdict};
 
 const INSTRUCTIONS: &str = "gearbox runs code in fresh, isolated sandboxes: no network, \
 a private workspace (/work) and /tmp, time and memory limits, nothing kept between calls. \
@@ -756,12 +756,12 @@ impl GearboxServer {
         // pool costs more than their parse.
         let size: usize = req.code.len() + req.files.iter().map(|f| f.content.len()).sum::<usize>();
         let analysis = if size <= INLINE_ANALYSIS_BYTES {
-            Ok(gears::analyse(self.inner.engine.language_table(), &req))
+            Ok(policy::analyse(self.inner.engine.language_table(), &req))
         } else {
             let engine = self.inner.engine.clone();
             let for_analysis = req.clone();
             tokio::task::spawn_blocking(move || {
-                gears::analyse(engine.language_table(), &for_analysis)
+                policy::analyse(engine.language_table(), &for_analysis)
             })
             .await
         };
@@ -777,11 +777,11 @@ impl GearboxServer {
             }
         });
         let tools = tools_spec(params);
-        let mut requested = gears::requested(&req);
+        let mut requested = policy::requested(&req);
         if tools.is_some() {
             requested.insert(Capability::Tools);
         }
-        let eval = gears::evaluate(
+        let eval = policy::evaluate(
             gear,
             requested,
             analysis,
@@ -798,7 +798,7 @@ impl GearboxServer {
                         .await;
                 }
             };
-            let hash = approval_hash(&req, &caps, tools.as_deref());
+            let hash = policy::approval_hash(&req, &caps, tools.as_deref());
             return match self.inner.approvals.take(&id, Some(&hash)) {
                 Ok(approved) => {
                     grant(&mut req, &approved.capabilities);
@@ -860,7 +860,7 @@ impl GearboxServer {
         params: &CallToolRequestParams,
         ctx: &RequestContext<RoleServer>,
     ) -> Gate {
-        let mut question = gears::question(&req.language, &req.packages, &caps, &report);
+        let mut question = policy::question(&req.language, &req.packages, &caps, &report);
         if caps.contains(&Capability::Packages) && !req.packages.is_empty() {
             // Validate before bothering a human, and show what would be installed.
             match self
@@ -886,7 +886,7 @@ impl GearboxServer {
                 }
             }
         }
-        let hash = approval_hash(&req, &caps, tools_spec(params).as_deref());
+        let hash = policy::approval_hash(&req, &caps, tools_spec(params).as_deref());
         let cfg = &self.inner.approvals_cfg;
         let client_elicits = ctx
             .client_capabilities()
@@ -1153,15 +1153,6 @@ fn tools_spec(params: &CallToolRequestParams) -> Option<String> {
         }
     }
     Some(Value::Object(spec).to_string())
-}
-
-/// The approval hash of a request, bound also to the tools it may call.
-fn approval_hash(req: &ExecRequest, caps: &BTreeSet<Capability>, tools: Option<&str>) -> String {
-    let base = gears::request_hash(req, caps);
-    match tools {
-        None => base,
-        Some(t) => crate::audit::sha256_hex(format!("{base}\n{t}").as_bytes()),
-    }
 }
 
 fn declined_reason(words: Option<&str>) -> String {

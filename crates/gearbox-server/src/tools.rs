@@ -13,8 +13,8 @@ use crate::args::{
     ApprovalStatusArgs, CodeExecPythonArgs, ExecuteCodeArgs, NoArgs, RunJavascriptArgs,
     SidecarExecuteArgs,
 };
-use crate::gears::PolicyReport;
 use crate::snippets;
+use gearbox_engine::policy::PolicyReport;
 
 /// What a tool name dispatches to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

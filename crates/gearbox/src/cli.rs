@@ -13,9 +13,9 @@ use gearbox_core::{
     Status,
 };
 use gearbox_engine::config::ToolProfile;
+use gearbox_engine::policy::{self, Verdict};
 use gearbox_engine::{Config, Engine};
 use gearbox_server::approvals::{LocalRequest, OpState, OpView, ask_local};
-use gearbox_server::gears::{self, Verdict};
 
 /// Exit status of `gearbox run` when the wall-clock limit expired.
 pub const EXIT_TIMEOUT: u8 = 124;
@@ -388,10 +388,10 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn apply_gear(engine: &Engine, req: &mut ExecRequest, args: &RunArgs) -> Result<Option<Outcome>> {
     let gear = args.gear.unwrap_or(engine.config().gear);
     let backend = args.backend.unwrap_or(engine.config().backend);
-    let eval = gears::evaluate(
+    let eval = policy::evaluate(
         gear,
-        gears::requested(req),
-        gears::analyse(engine.language_table(), req),
+        policy::requested(req),
+        policy::analyse(engine.language_table(), req),
         engine.config().approvals.ask_on_high_risk,
     );
     let caps = match eval.verdict {
@@ -404,7 +404,7 @@ fn apply_gear(engine: &Engine, req: &mut ExecRequest, args: &RunArgs) -> Result<
             )));
         }
         Verdict::Ask(caps) => {
-            let question = gears::question(&req.language, &req.packages, &caps, &eval.report);
+            let question = policy::question(&req.language, &req.packages, &caps, &eval.report);
             match ask_terminal(&question)? {
                 Some(true) => caps,
                 Some(false) => {

@@ -1,4 +1,4 @@
-//! The safety gear applied to one call: what the run needs (asked for by the call, or found
+//! The safety gear applied to one call (the same for `gearbox serve` and `gearbox run`): what the run needs (asked for by the call, or found
 //! by static analysis), and what the gear does about it (allow, ask a human, deny).
 //!
 //! Analysis is advice; the sandbox is the enforcement. A capability the gear does not grant
@@ -276,6 +276,23 @@ pub fn request_hash(req: &ExecRequest, caps: &BTreeSet<Capability>) -> String {
     }
     let digest = h.finalize();
     digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The hash a human's approval binds to: [`request_hash`], bound also to the downstream
+/// tools the run may call (its `allow_tools` and their limits, as text) when it has any.
+pub fn approval_hash(
+    req: &ExecRequest,
+    caps: &BTreeSet<Capability>,
+    tools: Option<&str>,
+) -> String {
+    let base = request_hash(req, caps);
+    match tools {
+        None => base,
+        Some(t) => {
+            let digest = Sha256::digest(format!("{base}\n{t}").as_bytes());
+            digest.iter().map(|b| format!("{b:02x}")).collect()
+        }
+    }
 }
 
 #[cfg(test)]
