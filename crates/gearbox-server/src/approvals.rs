@@ -14,12 +14,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gearbox_core::{BackendKind, Capability, ExecRequest};
+use gearbox_core::Capability;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::audit::{AuditLog, Record};
+use crate::plan::RunPlan;
 use gearbox_engine::policy::PolicyReport;
 
 /// Most pending operations kept at once; beyond, new asks are refused (never evicted
@@ -61,23 +62,21 @@ pub struct OpView {
     pub reason: Option<String>,
 }
 
-/// A pending or decided operation, with the request it binds.
+/// A pending or decided operation, with the run it binds: the whole plan (request, session,
+/// tools), so the approved run is the one that was shown.
 struct Op {
     view: OpView,
     hash: String,
     expires: Instant,
-    request: ExecRequest,
-    backend: Option<BackendKind>,
+    plan: RunPlan,
     report: PolicyReport,
 }
 
 /// An approved operation handed back for its one run.
-pub struct Approved {
-    pub request: ExecRequest,
-    pub backend: Option<BackendKind>,
+pub(crate) struct Approved {
+    pub plan: RunPlan,
     pub capabilities: BTreeSet<Capability>,
     pub report: PolicyReport,
-    pub view: OpView,
 }
 
 /// Why an operation cannot be run.
@@ -150,12 +149,11 @@ impl Approvals {
         self.ops.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Record a new pending operation for `request`; its view, or an error when too many
-    /// are pending.
-    pub fn create(
+    /// Record a new pending operation for `plan`; its view, or an error when too many are
+    /// pending.
+    pub(crate) fn create(
         &self,
-        request: ExecRequest,
-        backend: Option<BackendKind>,
+        plan: RunPlan,
         hash: String,
         capabilities: &BTreeSet<Capability>,
         summary: String,
@@ -167,8 +165,8 @@ impl Approvals {
             operation_id: id.clone(),
             state: OpState::Pending,
             summary,
-            language: request.language.clone(),
-            code_sha256: crate::audit::sha256_hex(request.code.as_bytes()),
+            language: plan.request.language.clone(),
+            code_sha256: crate::audit::sha256_hex(plan.request.code.as_bytes()),
             capabilities: capabilities.iter().copied().collect(),
             expires_in_secs: self.ttl.as_secs(),
             decided_by: None,
@@ -191,8 +189,7 @@ impl Approvals {
                 view: view.clone(),
                 hash,
                 expires: Instant::now() + self.ttl,
-                request,
-                backend,
+                plan,
                 report,
             },
         );
@@ -281,7 +278,7 @@ impl Approvals {
 
     /// Take an approved operation for its one run. With `hash`, the caller's request must be
     /// the approved one; without, the stored request runs (`approval_status`).
-    pub fn take(&self, id: &str, hash: Option<&str>) -> Result<Approved, TakeError> {
+    pub(crate) fn take(&self, id: &str, hash: Option<&str>) -> Result<Approved, TakeError> {
         if !valid_id(id) {
             return Err(TakeError::Unknown);
         }
@@ -309,11 +306,9 @@ impl Approvals {
         report.operation_id = Some(id.to_string());
         report.granted = op.view.capabilities.clone();
         Ok(Approved {
-            request: op.request.clone(),
-            backend: op.backend,
+            plan: op.plan.clone(),
             capabilities: op.view.capabilities.iter().copied().collect(),
             report,
-            view: op.view.clone(),
         })
     }
 
@@ -643,7 +638,7 @@ pub fn ask_local(dir: &Path, req: &LocalRequest) -> Result<Vec<OpView>, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gearbox_core::Gear;
+    use gearbox_core::{ExecRequest, Gear};
     use gearbox_engine::policy;
 
     fn report() -> PolicyReport {
@@ -668,15 +663,14 @@ mod tests {
         };
         let caps: BTreeSet<_> = [Capability::Network].into();
         let hash = policy::request_hash(&req, &caps);
+        let plan = crate::plan::RunPlan {
+            request: req,
+            backend: None,
+            session: None,
+            tools: None,
+        };
         let v = a
-            .create(
-                req,
-                None,
-                hash.clone(),
-                &caps,
-                "wants network".into(),
-                report(),
-            )
+            .create(plan, hash.clone(), &caps, "wants network".into(), report())
             .expect("create");
         (v, hash)
     }
@@ -698,7 +692,7 @@ mod tests {
             Err(TakeError::Changed)
         ));
         let ok = a.take(&v.operation_id, Some(&hash)).expect("approved");
-        assert_eq!(ok.request.code, "print(1)");
+        assert_eq!(ok.plan.request.code, "print(1)");
         assert!(matches!(
             a.take(&v.operation_id, Some(&hash)),
             Err(TakeError::Used)

@@ -1,24 +1,20 @@
 //! Code mode: the downstream MCP servers of `[[targets]]` ([`gearbox_broker`]).
 //!
 //! The `broker` profile adds four discovery tools: `servers_list`, `server_tools_list`,
-//! `tool_info` and `tool_stubs`. `execute_code` with `allow_tools` opens a run channel for
-//! the call ([`with_tools`]): the channel's directory is mounted read-only into the sandbox
-//! and its environment (`GEARBOX_BROKER`, `PYTHONPATH`, `NODE_PATH`) added to the run
-//! ([`apply`], called where the run starts), and the calls the code made are added to the
-//! result as `tool_calls`.
-
-use std::future::Future;
-use std::path::PathBuf;
+//! `tool_info` and `tool_stubs`. `execute_code` (and `exec_run`) with `allow_tools` gets a
+//! run channel: the call's [`ToolAccess`] is checked when the call is planned, the channel
+//! opens once the gear has let the run go ([`ToolAccess::open`]), its directory is mounted
+//! read-only into the sandbox and its environment (`GEARBOX_BROKER`, `PYTHONPATH`,
+//! `NODE_PATH`) added to the run ([`OpenTools::apply`]), and the calls the code made are added
+//! to the result as `tool_calls` ([`attach`]).
 
 use gearbox_broker::{
-    Broker, CallLimitOverrides, CallPolicy, StubLanguage, ToolCallRecord, ToolSummary,
+    Broker, CallLimitOverrides, CallPolicy, RunChannel, StubLanguage, ToolCallRecord, ToolSummary,
 };
 use gearbox_core::{ExecRequest, Outcome};
 use gearbox_engine::config::Config;
-use rmcp::ErrorData as McpError;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, JsonObject, Tool,
-    ToolAnnotations,
+    CallToolResponse, CallToolResult, ContentBlock, JsonObject, Tool, ToolAnnotations,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -68,17 +64,22 @@ pub struct ToolStubsArgs {
     pub language: Option<StubLanguage>,
 }
 
-/// What `apply` adds to the run of a call that has a channel.
+/// The downstream tools a call may use (`allow_tools` and its limits), checked against the
+/// configuration when the call is planned. Its channel opens only once the gear has let the
+/// run go ([`ToolAccess::open`]).
 #[derive(Debug, Clone)]
-struct RunEnv {
-    mount: PathBuf,
-    env: Vec<(String, String)>,
+pub struct ToolAccess {
+    policy: CallPolicy,
     /// The run's `timeout_ms` ceiling: the channel's wall clock, at most the configured maximum.
     timeout_cap_ms: u64,
+    /// `allow_tools` and its limits as canonical JSON: what an approval binds to.
+    pub spec: String,
 }
 
-tokio::task_local! {
-    static RUN: RunEnv;
+/// The open channel of one run.
+pub struct OpenTools {
+    channel: RunChannel,
+    timeout_cap_ms: u64,
 }
 
 /// The broker of the configuration's `[[targets]]`; `None` without targets. An error (a
@@ -276,47 +277,44 @@ pub async fn discovery(
     }
 }
 
-fn refused(message: String) -> CallToolResponse {
+pub fn refused(message: String) -> CallToolResponse {
     let o = Outcome::denied("", "", message);
     let mut r = CallToolResult::error(vec![ContentBlock::text(o.render_text())]);
     r.structured_content = serde_json::to_value(&o).ok();
     r.into()
 }
 
-/// Run `call` (an `execute_code` call) with a tool-call channel when its arguments have
-/// `allow_tools`; add the calls made to the result (`tool_calls`, and a text block).
-/// `max_timeout_ms` is the configured maximum of a run's `timeout_ms`.
-pub async fn with_tools<F>(
+/// The pipeline's "tools" step: the tool access an `execute_code` call asks for, or `None`
+/// when it asks for none. An error is the refusal's text: limits without `allow_tools`, a
+/// server without `[[targets]]`, an invalid allowlist or limit. `max_timeout_ms` is the
+/// configured maximum of a run's `timeout_ms`.
+pub fn access(
     broker: Option<&Broker>,
     max_timeout_ms: u64,
-    request: &CallToolRequestParams,
-    call: F,
-) -> Result<CallToolResponse, McpError>
-where
-    F: Future<Output = Result<CallToolResponse, McpError>>,
-{
-    // Arguments that do not parse are answered by the call itself, naming the field.
-    let access: ExecuteCodeArgs = parse(request.arguments.as_ref()).unwrap_or_default();
+    args: Option<&JsonObject>,
+) -> Result<Option<ToolAccess>, String> {
+    // Arguments that do not parse are answered by the call's own parsing, naming the field.
+    let access: ExecuteCodeArgs = parse(args).unwrap_or_default();
     let Some(allow) = access.allow_tools else {
         if access.wall_clock_ms.is_some()
             || access.per_call_ms.is_some()
             || access.max_calls.is_some()
             || access.max_output_kb.is_some()
         {
-            return Ok(refused(
+            return Err(
                 "wall_clock_ms, per_call_ms, max_calls and max_output_kb apply to tool calls: \
                  give allow_tools too"
                     .into(),
-            ));
+            );
         }
-        return call.await;
+        return Ok(None);
     };
     let Some(broker) = broker else {
-        return Ok(refused(
+        return Err(
             "allow_tools: this server has no downstream servers ([[targets]] in its \
              configuration)"
                 .into(),
-        ));
+        );
     };
     let overrides = CallLimitOverrides {
         wall_clock_ms: access.wall_clock_ms,
@@ -324,38 +322,68 @@ where
         max_calls: access.max_calls,
         max_output_kb: access.max_output_kb,
     };
-    let policy = match broker
+    let policy = broker
         .config()
         .limits(&overrides)
-        .and_then(|l| CallPolicy::new(allow, l))
-    {
-        Ok(p) => p,
-        Err(e) => return Ok(refused(e)),
-    };
-    let timeout_cap_ms = policy.limits.wall_clock_ms.min(max_timeout_ms);
-    let channel = match broker.open_run(policy).await {
-        Ok(c) => c,
-        Err(e) => {
-            return Ok(refused(format!(
-                "allow_tools: could not open the tool channel: {e}"
-            )));
+        .and_then(|l| CallPolicy::new(allow, l))?;
+    let mut spec = serde_json::Map::new();
+    for key in [
+        "allow_tools",
+        "wall_clock_ms",
+        "per_call_ms",
+        "max_calls",
+        "max_output_kb",
+    ] {
+        if let Some(v) = args.and_then(|a| a.get(key)) {
+            spec.insert(key.into(), v.clone());
         }
-    };
-    let env = RunEnv {
-        mount: channel.dir().to_path_buf(),
-        env: channel.env(),
-        timeout_cap_ms,
-    };
-    let response = RUN.scope(env, call).await;
-    let records = channel.finish();
-    response.map(|r| match r {
-        CallToolResponse::Complete(r) => CallToolResponse::Complete(attach(r, &records)),
-        other => other,
-    })
+    }
+    Ok(Some(ToolAccess {
+        timeout_cap_ms: policy.limits.wall_clock_ms.min(max_timeout_ms),
+        policy,
+        spec: Value::Object(spec).to_string(),
+    }))
+}
+
+impl ToolAccess {
+    /// Open the run's channel (directory, SDK, stubs, socket).
+    pub async fn open(&self, broker: Option<&Broker>) -> Result<OpenTools, String> {
+        let broker = broker.ok_or("allow_tools: this server has no downstream servers")?;
+        let channel = broker
+            .open_run(self.policy.clone())
+            .await
+            .map_err(|e| format!("allow_tools: could not open the tool channel: {e}"))?;
+        Ok(OpenTools {
+            channel,
+            timeout_cap_ms: self.timeout_cap_ms,
+        })
+    }
+}
+
+impl OpenTools {
+    /// Add the channel to `req`: its directory as a read-only mount, its environment, and
+    /// the run's wall clock as a ceiling of the program's timeout.
+    pub fn apply(&self, req: &mut ExecRequest) {
+        req.mounts.push(self.channel.dir().to_path_buf());
+        for (k, v) in self.channel.env() {
+            let value = match req.env.get(&k) {
+                Some(old) if k != "GEARBOX_BROKER" && !old.is_empty() => format!("{v}:{old}"),
+                _ => v.clone(),
+            };
+            req.env.insert(k, value);
+        }
+        let cap = self.timeout_cap_ms;
+        req.limits.timeout_ms = Some(req.limits.timeout_ms.map_or(cap, |t| t.min(cap)));
+    }
+
+    /// Close the channel (calls in flight are cancelled) and return the calls made.
+    pub fn finish(self) -> Vec<ToolCallRecord> {
+        self.channel.finish()
+    }
 }
 
 /// Add `tool_calls` to a result's structured content, and one line per call to its text.
-fn attach(mut r: CallToolResult, records: &[ToolCallRecord]) -> CallToolResult {
+pub fn attach(mut r: CallToolResult, records: &[ToolCallRecord]) -> CallToolResult {
     if let Some(Value::Object(map)) = r.structured_content.as_mut() {
         map.insert(
             "tool_calls".into(),
@@ -386,21 +414,4 @@ fn attach(mut r: CallToolResult, records: &[ToolCallRecord]) -> CallToolResult {
     }
     r.content.push(ContentBlock::text(text));
     r
-}
-
-/// Add the channel of the current call (if any) to `req`: its directory as a read-only
-/// mount, its environment, and the run's wall clock as a ceiling of the program's timeout.
-pub fn apply(req: &mut ExecRequest) {
-    let _ = RUN.try_with(|run| {
-        req.mounts.push(run.mount.clone());
-        for (k, v) in &run.env {
-            let value = match req.env.get(k) {
-                Some(old) if k != "GEARBOX_BROKER" && !old.is_empty() => format!("{v}:{old}"),
-                _ => v.clone(),
-            };
-            req.env.insert(k.clone(), value);
-        }
-        let cap = run.timeout_cap_ms;
-        req.limits.timeout_ms = Some(req.limits.timeout_ms.map_or(cap, |t| t.min(cap)));
-    });
 }

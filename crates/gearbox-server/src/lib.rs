@@ -20,6 +20,7 @@ mod doc_check;
 pub mod http;
 pub mod limiter;
 pub mod metrics;
+mod plan;
 mod resources;
 mod server;
 mod sessions;

@@ -27,9 +27,12 @@ use crate::args::parse;
 use crate::audit::{self, AuditLog, Record};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
+use crate::plan::RunPlan;
 use crate::resources;
+use crate::sessions::{RunReport, SessionRun};
 use crate::tools::{self, Prepared, ToolKind};
 use crate::{Caller, TransportName};
+use gearbox_broker::ToolCallRecord;
 use gearbox_engine::policy::{self, PolicyReport, Verdict};
 
 const INSTRUCTIONS: &str = "gearbox runs code in fresh, isolated sandboxes: no network, \
@@ -88,12 +91,16 @@ const INLINE_ANALYSIS_BYTES: usize = 4 * 1024;
 /// A call after the gear: run it (with what was granted), or answer without running.
 #[allow(clippy::large_enum_variant, reason = "one per call, moved once")]
 enum Gate {
-    Run {
-        req: ExecRequest,
-        backend: Option<BackendKind>,
-        report: PolicyReport,
-    },
+    Run { plan: RunPlan, report: PolicyReport },
     Answer(CallToolResponse),
+}
+
+/// What a run left for the result: its outcome, the tool calls its code made, what happened
+/// to its session's workspace.
+struct Done {
+    outcome: Outcome,
+    tool_calls: Option<Vec<ToolCallRecord>>,
+    session: Option<RunReport>,
 }
 
 /// What a call says about the gear: a lower gear, a resumed approval.
@@ -252,43 +259,6 @@ impl GearboxServer {
         }
     }
 
-    /// A tool call without the sessions' interception, as a named future type: the
-    /// sessions module calls it from inside `call_tool`, which an opaque type could not
-    /// express.
-    pub(crate) fn call_direct(
-        &self,
-        request: CallToolRequestParams,
-        ctx: RequestContext<RoleServer>,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<CallToolResponse, McpError>> + Send + '_>,
-    > {
-        Box::pin(async move {
-            let Some(kind) = self.kind_of(&request.name) else {
-                return Err(McpError::invalid_params(
-                    format!(
-                        "unknown tool {:?}; this server has: {}",
-                        request.name,
-                        self.tool_names().join(", ")
-                    ),
-                    None,
-                ));
-            };
-            if let ToolKind::Broker(tool) = kind {
-                let args = request.arguments.as_ref();
-                return Ok(crate::broker::discovery(self.broker(), tool, args)
-                    .await
-                    .into());
-            }
-            if kind == ToolKind::ExecuteCode {
-                let call = async { self.call(kind, &request, &ctx).await };
-                let max_timeout_ms = self.inner.engine.config().limits.timeout_ms;
-                return crate::broker::with_tools(self.broker(), max_timeout_ms, &request, call)
-                    .await;
-            }
-            self.call(kind, &request, &ctx).await
-        })
-    }
-
     /// The store of pending approvals (the HTTP daemon serves `/approvals`).
     pub fn approvals(&self) -> &Arc<Approvals> {
         &self.inner.approvals
@@ -426,17 +396,16 @@ impl GearboxServer {
             .clone()
     }
 
-    /// Run `req`, reporting progress while it goes when the client asked for it. `None` when
-    /// the client cancelled the request or went away: the engine future is dropped, which
-    /// kills the sandbox.
+    /// Run `req` (over its session's workspace, when it has one), reporting progress while it
+    /// goes when the client asked for it. `None` when the client cancelled the request or went
+    /// away: the engine future is dropped, which kills the sandbox.
     async fn run(
         &self,
         req: ExecRequest,
         backend: Option<BackendKind>,
+        session: Option<&SessionRun>,
         ctx: &RequestContext<RoleServer>,
-    ) -> Option<Outcome> {
-        let mut req = req;
-        crate::broker::apply(&mut req);
+    ) -> Option<(Outcome, Option<RunReport>)> {
         let language = req.language.clone();
         let timeout_ms = req
             .limits
@@ -444,13 +413,23 @@ impl GearboxServer {
             .unwrap_or(self.inner.engine.config().limits.timeout_ms);
         let token = ctx.meta.get_progress_token();
         let started = Instant::now();
-        let run = crate::sessions::execute(&self.inner.engine, req, backend);
+        let engine = self.inner.engine.clone();
+        let session = session.cloned();
+        let run = async move {
+            match session {
+                None => (engine.execute(req, backend).await, None),
+                Some(s) => {
+                    let (o, r) = crate::sessions::run(&engine, &s, req, backend).await;
+                    (o, Some(r))
+                }
+            }
+        };
         tokio::pin!(run);
         let period = self.inner.progress_interval;
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             tokio::select! {
-                outcome = &mut run => return Some(outcome),
+                done = &mut run => return Some(done),
                 () = ctx.ct.cancelled() => {
                     tracing::info!(id = %ctx.id, %language, "request cancelled; killing its run");
                     return None;
@@ -482,10 +461,11 @@ impl GearboxServer {
         &self,
         req: ExecRequest,
         backend: Option<BackendKind>,
+        session: Option<&SessionRun>,
         report: Option<&PolicyReport>,
         info: &CallInfo,
         ctx: &RequestContext<RoleServer>,
-    ) -> Option<Outcome> {
+    ) -> Option<(Outcome, Option<RunReport>)> {
         let backend_name = backend
             .unwrap_or(self.inner.engine.config().backend)
             .to_string();
@@ -500,7 +480,7 @@ impl GearboxServer {
             tracing::error!(error = %e, "refusing a run: audit log not writable");
             self.refused(info, Some(&req), &o, "audit_unavailable", "audit")
                 .await;
-            return Some(o);
+            return Some((o, None));
         }
         let slot = tokio::select! {
             slot = self.inner.limiter.acquire() => slot,
@@ -515,7 +495,7 @@ impl GearboxServer {
             Err(refusal) => {
                 let o = Outcome::failed_to_start(&req.language, &backend_name, refusal.to_string());
                 self.refused(info, Some(&req), &o, "busy", "busy").await;
-                return Some(o);
+                return Some((o, None));
             }
         };
         let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
@@ -527,10 +507,10 @@ impl GearboxServer {
         record.durations.queued_ms = queued_ms;
         let started = Instant::now();
         let language = req.language.clone();
-        let outcome = self.run(req, backend, ctx).await;
+        let done = self.run(req, backend, session, ctx).await;
         drop(slot);
         let m = &self.inner.metrics;
-        let Some(outcome) = outcome else {
+        let Some((outcome, session_report)) = done else {
             m.request(&language, "cancelled");
             m.error("cancelled");
             record.status = "cancelled".into();
@@ -550,16 +530,116 @@ impl GearboxServer {
         if !self.record(record, info).await {
             m.error("audit");
         }
-        Some(outcome)
+        Some((outcome, session_report))
     }
 
-    async fn call(
+    /// The pipeline's last steps for a plan the gear let go: open the tool channel, run
+    /// under the guard, collect the tool calls. `Err` is the answer when the channel cannot
+    /// open; `Ok(None)` when the client cancelled.
+    async fn execute_plan(
+        &self,
+        plan: RunPlan,
+        report: &PolicyReport,
+        info: &CallInfo,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Option<Done>, CallToolResponse> {
+        let RunPlan {
+            mut request,
+            backend,
+            session,
+            tools,
+        } = plan;
+        let channel = match &tools {
+            None => None,
+            Some(t) => Some(
+                t.open(self.broker())
+                    .await
+                    .map_err(crate::broker::refused)?,
+            ),
+        };
+        if let Some(c) = &channel {
+            c.apply(&mut request);
+        }
+        let done = self
+            .guarded_run(request, backend, session.as_ref(), Some(report), info, ctx)
+            .await;
+        let tool_calls = channel.map(|c| c.finish());
+        Ok(done.map(|(outcome, session)| Done {
+            outcome,
+            tool_calls,
+            session,
+        }))
+    }
+
+    /// The pipeline's "shape" step: the result of a run in the tool's layout, with the
+    /// policy, the tool calls and the session's workspace.
+    fn shape(
         &self,
         kind: ToolKind,
-        request: &CallToolRequestParams,
+        done: &Done,
+        report: &PolicyReport,
+        session: Option<&SessionRun>,
+    ) -> CallToolResponse {
+        let mut result = match kind {
+            ToolKind::CodeExecPython => tools::heroku_result(&done.outcome),
+            ToolKind::ListPackages => tools::packages_result(&self.inner.engine, &done.outcome),
+            _ => tools::with_policy(tools::outcome_result(&done.outcome), report),
+        };
+        if let Some(calls) = &done.tool_calls {
+            result = crate::broker::attach(result, calls);
+        }
+        let response: CallToolResponse = result.into();
+        match session {
+            Some(s) => crate::sessions::shape(response, s, done.session.clone()),
+            None => response,
+        }
+    }
+
+    /// One tool call, through the request pipeline: parse → prepare → attach the session →
+    /// check the tool access → gate (analysis, gear, approval) → open the tool channel → guard
+    /// (audit, limiter) → execute → shape the result. Each step adds to one [`RunPlan`];
+    /// a pending approval keeps the plan whole, so `approval_status` runs the same run.
+    async fn call(
+        &self,
+        mut request: CallToolRequestParams,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let engine = &self.inner.engine;
+        let Some(mut kind) = self.kind_of(&request.name) else {
+            return Err(McpError::invalid_params(
+                format!(
+                    "unknown tool {:?}; this server has: {}",
+                    request.name,
+                    self.tool_names().join(", ")
+                ),
+                None,
+            ));
+        };
+        if let ToolKind::Broker(tool) = kind {
+            let args = request.arguments.as_ref();
+            return Ok(crate::broker::discovery(self.broker(), tool, args)
+                .await
+                .into());
+        }
+        if kind == ToolKind::Session
+            && let Some(answer) = crate::sessions::answer(engine, &request)
+        {
+            return Ok(answer);
+        }
+        // Attach the session: exec_run, or execute_code with session_id, is execute_code
+        // over the session's workspace.
+        let session = match crate::sessions::attach(engine, &mut request) {
+            Ok(s) => s,
+            Err(message) => return Ok(crate::sessions::tool_error(message)),
+        };
+        if session.is_some() {
+            kind = ToolKind::ExecuteCode;
+        }
+        // Answers of calls that ran nothing: a session call still says so.
+        let finish = |response: CallToolResponse| match &session {
+            Some(s) => crate::sessions::shape(response, s, None),
+            None => response,
+        };
         let args = request.arguments.as_ref();
         let prepared = match kind {
             ToolKind::ExecuteCode => parse(args).map(|a| tools::prepare_execute_code(engine, a)),
@@ -575,10 +655,8 @@ impl GearboxServer {
             ToolKind::ListPackages => {
                 parse::<crate::args::NoArgs>(args).map(|_| tools::prepare_list_packages())
             }
-            // Answered before preparation (see below).
-            ToolKind::Session => Err("session tools are answered by the sessions module".into()),
-            // Answered in call_direct, before this point.
-            ToolKind::Broker(_) => Err("a discovery tool takes no run".into()),
+            // Answered above.
+            ToolKind::Session | ToolKind::Broker(_) => Err("this tool takes no run".into()),
             ToolKind::ApprovalStatus => Ok(Prepared::Refused(Outcome::denied(
                 "",
                 engine.config().backend.as_str(),
@@ -601,74 +679,73 @@ impl GearboxServer {
                 .and_then(|v| v.as_str())
                 .map(str::to_string),
         };
-        let mut policy_report = None;
-        let outcome = match prepared {
+        let (req, backend) = match prepared {
             Err(message) => {
                 tracing::debug!(tool = %request.name, %message, "argument error");
                 let o = Outcome::denied("", engine.config().backend.as_str(), message.clone());
                 self.refused(&info, None, &o, "invalid_arguments", "arguments")
                     .await;
-                return Ok(tools::argument_error(kind, engine, message).into());
+                return Ok(finish(tools::argument_error(kind, engine, message).into()));
             }
             Ok(Prepared::Refused(outcome)) => {
                 self.refused(&info, None, &outcome, "denied", "denied")
                     .await;
-                outcome
+                let result = match kind {
+                    ToolKind::CodeExecPython => tools::heroku_result(&outcome),
+                    ToolKind::ListPackages => tools::packages_result(engine, &outcome),
+                    _ => tools::outcome_result(&outcome),
+                };
+                return Ok(finish(result.into()));
             }
-            Ok(Prepared::Run {
-                request: req,
-                backend,
-            }) => {
-                let gated = if kind == ToolKind::ListPackages {
-                    // The server's own listing program, not caller code: no gear applies.
-                    Gate::Run {
-                        req,
-                        backend,
-                        report: self.plain_report(),
-                    }
-                } else {
-                    self.gate(kind, req, backend, call_policy, &info, request, ctx)
-                        .await
-                };
-                let (req, backend, report) = match gated {
-                    Gate::Answer(r) => return Ok(r),
-                    Gate::Run {
-                        req,
-                        backend,
-                        report,
-                    } => (req, backend, report),
-                };
-                let o = match self
-                    .guarded_run(req, backend, Some(&report), &info, ctx)
-                    .await
-                {
-                    Some(o) => o,
-                    None => {
-                        return Err(McpError::internal_error(
-                            "request cancelled; its run was killed",
-                            None,
-                        ));
-                    }
-                };
-                policy_report = Some(report);
-                o
+            Ok(Prepared::Run { request, backend }) => (request, backend),
+        };
+        // The tool access is checked now and opened only after the gear.
+        let tools = if kind == ToolKind::ExecuteCode {
+            let max_timeout_ms = engine.config().limits.timeout_ms;
+            match crate::broker::access(self.broker(), max_timeout_ms, args) {
+                Ok(t) => t,
+                Err(message) => return Ok(finish(crate::broker::refused(message))),
             }
+        } else {
+            None
+        };
+        let plan = RunPlan {
+            request: req,
+            backend,
+            session: session.clone(),
+            tools,
+        };
+        let gated = if kind == ToolKind::ListPackages {
+            // The server's own listing program, not caller code: no gear applies.
+            Gate::Run {
+                plan,
+                report: self.plain_report(),
+            }
+        } else {
+            self.gate(kind, plan, call_policy, &info, &request, ctx)
+                .await
+        };
+        let (plan, report) = match gated {
+            Gate::Answer(r) => return Ok(finish(r)),
+            Gate::Run { plan, report } => (plan, report),
+        };
+        let done = match self.execute_plan(plan, &report, &info, ctx).await {
+            Err(answer) => return Ok(finish(answer)),
+            Ok(None) => {
+                return Err(McpError::internal_error(
+                    "request cancelled; its run was killed",
+                    None,
+                ));
+            }
+            Ok(Some(done)) => done,
         };
         tracing::debug!(
             tool = %request.name,
-            status = %outcome.status,
-            duration_ms = outcome.duration_ms,
+            status = %done.outcome.status,
+            duration_ms = done.outcome.duration_ms,
             "tool call finished"
         );
-        Ok(match kind {
-            ToolKind::CodeExecPython => tools::heroku_result(&outcome),
-            ToolKind::ListPackages => tools::packages_result(&self.inner.engine, &outcome),
-            _ => match &policy_report {
-                Some(p) => tools::with_policy(tools::outcome_result(&outcome), p),
-                None => tools::outcome_result(&outcome),
-            },
-        }
-        .into())
+        Ok(self.shape(kind, &done, &report, session.as_ref()))
     }
 
     /// A report for a run no gear looked at.
@@ -730,14 +807,14 @@ impl GearboxServer {
     async fn gate(
         &self,
         kind: ToolKind,
-        mut req: ExecRequest,
-        backend: Option<BackendKind>,
+        mut plan: RunPlan,
         call: CallPolicy,
         info: &CallInfo,
         params: &CallToolRequestParams,
         ctx: &RequestContext<RoleServer>,
     ) -> Gate {
         let server_gear = self.inner.gear;
+        let backend = plan.backend;
         let mut report = self.plain_report();
         let gear = match call.gear {
             Some(g) if g > server_gear => {
@@ -746,7 +823,7 @@ impl GearboxServer {
                      lower it"
                 );
                 return self
-                    .gear_refusal(kind, info, &req, backend, &report, reason, "auto")
+                    .gear_refusal(kind, info, &plan.request, backend, &report, reason, "auto")
                     .await;
             }
             Some(g) => g,
@@ -754,9 +831,10 @@ impl GearboxServer {
         };
         // Small programs (nearly every call) are parsed in place: a hand-off to the blocking
         // pool costs more than their parse.
+        let req = &plan.request;
         let size: usize = req.code.len() + req.files.iter().map(|f| f.content.len()).sum::<usize>();
         let analysis = if size <= INLINE_ANALYSIS_BYTES {
-            Ok(policy::analyse(self.inner.engine.language_table(), &req))
+            Ok(policy::analyse(self.inner.engine.language_table(), req))
         } else {
             let engine = self.inner.engine.clone();
             let for_analysis = req.clone();
@@ -776,9 +854,8 @@ impl GearboxServer {
                 reason: Some("analysis failed".into()),
             }
         });
-        let tools = tools_spec(params);
-        let mut requested = policy::requested(&req);
-        if tools.is_some() {
+        let mut requested = policy::requested(&plan.request);
+        if plan.tools.is_some() {
             requested.insert(Capability::Tools);
         }
         let eval = policy::evaluate(
@@ -794,17 +871,26 @@ impl GearboxServer {
                 Verdict::Ask(c) | Verdict::Allow(c) => c.clone(),
                 Verdict::Deny(reason) => {
                     return self
-                        .gear_refusal(kind, info, &req, backend, &report, reason.clone(), "auto")
+                        .gear_refusal(
+                            kind,
+                            info,
+                            &plan.request,
+                            backend,
+                            &report,
+                            reason.clone(),
+                            "auto",
+                        )
                         .await;
                 }
             };
-            let hash = policy::approval_hash(&req, &caps, tools.as_deref());
+            let hash = approval_hash(&plan, &caps);
             return match self.inner.approvals.take(&id, Some(&hash)) {
+                // The approved plan: equal to this one in everything the hash binds.
                 Ok(approved) => {
-                    grant(&mut req, &approved.capabilities);
+                    let mut plan = approved.plan;
+                    grant(&mut plan.request, &approved.capabilities);
                     Gate::Run {
-                        req,
-                        backend,
+                        plan,
                         report: approved.report,
                     }
                 }
@@ -820,29 +906,30 @@ impl GearboxServer {
                         TakeError::Expired => "expired",
                         _ => "auto",
                     };
-                    self.gear_refusal(kind, info, &req, backend, &report, e.to_string(), answer)
-                        .await
+                    self.gear_refusal(
+                        kind,
+                        info,
+                        &plan.request,
+                        backend,
+                        &report,
+                        e.to_string(),
+                        answer,
+                    )
+                    .await
                 }
             };
         }
 
         match eval.verdict {
             Verdict::Allow(granted) => {
-                grant(&mut req, &granted);
-                Gate::Run {
-                    req,
-                    backend,
-                    report,
-                }
+                grant(&mut plan.request, &granted);
+                Gate::Run { plan, report }
             }
             Verdict::Deny(reason) => {
-                self.gear_refusal(kind, info, &req, backend, &report, reason, "auto")
+                self.gear_refusal(kind, info, &plan.request, backend, &report, reason, "auto")
                     .await
             }
-            Verdict::Ask(caps) => {
-                self.ask(kind, req, backend, caps, report, info, params, ctx)
-                    .await
-            }
+            Verdict::Ask(caps) => self.ask(kind, plan, caps, report, info, params, ctx).await,
         }
     }
 
@@ -852,14 +939,15 @@ impl GearboxServer {
     async fn ask(
         &self,
         kind: ToolKind,
-        mut req: ExecRequest,
-        backend: Option<BackendKind>,
+        plan: RunPlan,
         caps: BTreeSet<Capability>,
         mut report: PolicyReport,
         info: &CallInfo,
         params: &CallToolRequestParams,
         ctx: &RequestContext<RoleServer>,
     ) -> Gate {
+        let req = &plan.request;
+        let backend = plan.backend;
         let mut question = policy::question(&req.language, &req.packages, &caps, &report);
         if caps.contains(&Capability::Packages) && !req.packages.is_empty() {
             // Validate before bothering a human, and show what would be installed.
@@ -881,12 +969,12 @@ impl GearboxServer {
                 }
                 Err(e) => {
                     return self
-                        .gear_refusal(kind, info, &req, backend, &report, e, "auto")
+                        .gear_refusal(kind, info, req, backend, &report, e, "auto")
                         .await;
                 }
             }
         }
-        let hash = policy::approval_hash(&req, &caps, tools_spec(params).as_deref());
+        let hash = approval_hash(&plan, &caps);
         let cfg = &self.inner.approvals_cfg;
         let client_elicits = ctx
             .client_capabilities()
@@ -894,15 +982,11 @@ impl GearboxServer {
         let stateless = ctx
             .protocol_version()
             .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
-        let approve_with = |mut req: ExecRequest, mut report: PolicyReport| {
-            grant(&mut req, &caps);
+        let approve_with = |mut plan: RunPlan, mut report: PolicyReport| {
+            grant(&mut plan.request, &caps);
             report.granted = caps.iter().copied().collect();
             report.decided_by = "elicitation".into();
-            Gate::Run {
-                req,
-                backend,
-                report,
-            }
+            Gate::Run { plan, report }
         };
 
         if cfg.elicitation && client_elicits && stateless {
@@ -915,7 +999,7 @@ impl GearboxServer {
                          again without requestState to ask anew"
                     );
                     return self
-                        .gear_refusal(kind, info, &req, backend, &report, reason, "auto")
+                        .gear_refusal(kind, info, req, backend, &report, reason, "auto")
                         .await;
                 }
                 let answer = responses.get(APPROVAL_INPUT).cloned().unwrap_or_default();
@@ -931,16 +1015,16 @@ impl GearboxServer {
                     .map(str::to_string);
                 return match action {
                     "accept" if approve => {
-                        self.audit_elicitation(info, &req, &caps, "elicitation_accepted", None)
+                        self.audit_elicitation(info, req, &caps, "elicitation_accepted", None)
                             .await;
-                        approve_with(req, report)
+                        approve_with(plan.clone(), report)
                     }
                     "accept" | "decline" => {
                         let reason = declined_reason(words.as_deref());
                         self.gear_refusal(
                             kind,
                             info,
-                            &req,
+                            req,
                             backend,
                             &report,
                             reason,
@@ -952,7 +1036,7 @@ impl GearboxServer {
                         self.gear_refusal(
                             kind,
                             info,
-                            &req,
+                            req,
                             backend,
                             &report,
                             "the human dismissed the approval question; nothing ran".into(),
@@ -967,7 +1051,7 @@ impl GearboxServer {
                 Err(e) => {
                     tracing::error!(error = %e, "approval schema");
                     return self
-                        .gear_refusal(kind, info, &req, backend, &report, e.to_string(), "auto")
+                        .gear_refusal(kind, info, req, backend, &report, e.to_string(), "auto")
                         .await;
                 }
             };
@@ -984,7 +1068,7 @@ impl GearboxServer {
             });
             let mut inputs = InputRequests::new();
             inputs.insert(APPROVAL_INPUT.into(), InputRequest::Elicitation(elicit));
-            self.audit_elicitation(info, &req, &caps, "asked", None)
+            self.audit_elicitation(info, req, &caps, "asked", None)
                 .await;
             return Gate::Answer(CallToolResponse::InputRequired(InputRequiredResult::new(
                 Some(inputs),
@@ -993,7 +1077,7 @@ impl GearboxServer {
         }
 
         if cfg.elicitation && client_elicits && !stateless {
-            self.audit_elicitation(info, &req, &caps, "asked", None)
+            self.audit_elicitation(info, req, &caps, "asked", None)
                 .await;
             let timeout = Duration::from_secs(cfg.elicitation_timeout_secs.max(1));
             let answer = ctx
@@ -1005,9 +1089,9 @@ impl GearboxServer {
                 .await;
             let (reason, how) = match answer {
                 Ok(Some(a)) if a.approve => {
-                    self.audit_elicitation(info, &req, &caps, "elicitation_accepted", None)
+                    self.audit_elicitation(info, req, &caps, "elicitation_accepted", None)
                         .await;
-                    return approve_with(req, report);
+                    return approve_with(plan.clone(), report);
                 }
                 Ok(Some(a)) => (declined_reason(a.reason.as_deref()), "elicitation_declined"),
                 Ok(None) | Err(ElicitationError::NoContent) => {
@@ -1028,7 +1112,7 @@ impl GearboxServer {
             };
             if !how.is_empty() {
                 return self
-                    .gear_refusal(kind, info, &req, backend, &report, reason, how)
+                    .gear_refusal(kind, info, req, backend, &report, reason, how)
                     .await;
             }
         }
@@ -1036,19 +1120,17 @@ impl GearboxServer {
         // Out of band.
         let backend_name = backend.unwrap_or(self.inner.engine.config().backend);
         report.operation_id = None;
-        let stored = req.clone();
         match self
             .inner
             .approvals
-            .create(stored, backend, hash, &caps, question, report.clone())
+            .create(plan.clone(), hash, &caps, question, report.clone())
         {
             Ok(view) => {
-                self.audit_elicitation(info, &req, &caps, "asked", Some(&view.operation_id))
+                self.audit_elicitation(info, req, &caps, "asked", Some(&view.operation_id))
                     .await;
                 self.inner
                     .metrics
                     .request(&req.language, "pending_approval");
-                req.network = false;
                 let result = if kind == ToolKind::CodeExecPython {
                     // The drop-in shape: returncode -1, the how-to in stderr.
                     tools::heroku_result(&tools::pending_outcome(backend_name.as_str(), &view).0)
@@ -1058,7 +1140,7 @@ impl GearboxServer {
                 Gate::Answer(result.into())
             }
             Err(reason) => {
-                self.gear_refusal(kind, info, &req, backend, &report, reason, "auto")
+                self.gear_refusal(kind, info, req, backend, &report, reason, "auto")
                     .await
             }
         }
@@ -1108,17 +1190,20 @@ impl GearboxServer {
             ));
         }
         match self.inner.approvals.take(id, None) {
+            // The approved plan, whole: its session and its tools too.
             Ok(approved) => {
-                let mut req = approved.request;
-                grant(&mut req, &approved.capabilities);
-                match self
-                    .guarded_run(req, approved.backend, Some(&approved.report), info, ctx)
-                    .await
-                {
-                    Some(o) => {
-                        Ok(tools::with_policy(tools::outcome_result(&o), &approved.report).into())
-                    }
-                    None => Err(McpError::internal_error(
+                let mut plan = approved.plan;
+                grant(&mut plan.request, &approved.capabilities);
+                let session = plan.session.clone();
+                match self.execute_plan(plan, &approved.report, info, ctx).await {
+                    Err(answer) => Ok(answer),
+                    Ok(Some(done)) => Ok(self.shape(
+                        ToolKind::ExecuteCode,
+                        &done,
+                        &approved.report,
+                        session.as_ref(),
+                    )),
+                    Ok(None) => Err(McpError::internal_error(
                         "request cancelled; its run was killed",
                         None,
                     )),
@@ -1132,27 +1217,20 @@ impl GearboxServer {
     }
 }
 
-/// The broker arguments of a call (`allow_tools` and its limits), as canonical JSON; `None`
-/// when the call asks for no tools.
-fn tools_spec(params: &CallToolRequestParams) -> Option<String> {
-    let args = params.arguments.as_ref()?;
-    let allow = args.get("allow_tools")?;
-    if allow.as_array().is_some_and(|a| a.is_empty()) {
-        return None;
-    }
-    let mut spec = serde_json::Map::new();
-    for key in [
-        "allow_tools",
-        "wall_clock_ms",
-        "per_call_ms",
-        "max_calls",
-        "max_output_kb",
-    ] {
-        if let Some(v) = args.get(key) {
-            spec.insert(key.into(), v.clone());
-        }
-    }
-    Some(Value::Object(spec).to_string())
+/// The hash a human's approval of `plan` binds to: its request and capabilities, its tools
+/// (`allow_tools` and limits) and its session, when it has them.
+fn approval_hash(plan: &RunPlan, caps: &BTreeSet<Capability>) -> String {
+    let binding = match (plan.tools_spec(), &plan.session) {
+        (None, None) => None,
+        (tools, session) => Some(
+            serde_json::json!({
+                "tools": tools,
+                "session": session.as_ref().map(|s| s.id().to_string()),
+            })
+            .to_string(),
+        ),
+    };
+    policy::approval_hash(&plan.request, caps, binding.as_deref())
 }
 
 fn declined_reason(words: Option<&str>) -> String {
@@ -1198,10 +1276,7 @@ impl ServerHandler for GearboxServer {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        if let Some(answer) = crate::sessions::intercept(self, &request, &ctx).await {
-            return answer;
-        }
-        self.call_direct(request, ctx).await
+        self.call(request, &ctx).await
     }
 
     async fn list_resources(

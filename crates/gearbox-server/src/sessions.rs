@@ -8,9 +8,7 @@
 //! in `gearbox-sessions`; this module only maps tools and resources onto it.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -19,17 +17,15 @@ use gearbox_core::{BackendKind, ExecRequest, Outcome};
 use gearbox_engine::Engine;
 use gearbox_engine::config::SessionsConfig;
 use gearbox_sessions::{FileChange, SessionId, SessionStore, StoreError, StoreOptions};
+use rmcp::ErrorData as McpError;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, JsonObject,
     ReadResourceResult, Resource, ResourceContents, ResourceTemplate, Tool, ToolAnnotations,
 };
-use rmcp::service::RequestContext;
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::GearboxServer;
 use crate::args::parse;
 
 pub const EXEC_OPEN: &str = "exec_open";
@@ -90,7 +86,7 @@ pub struct Opened {
 
 /// What a session run adds to the outcome.
 #[derive(Debug, Clone, Default, Serialize)]
-struct RunReport {
+pub struct RunReport {
     session_id: String,
     /// Files the run created, modified or deleted (path, change, size, sha256).
     files_changed: Vec<FileChange>,
@@ -102,15 +98,23 @@ struct RunReport {
     note: Option<String>,
 }
 
-/// The session a call runs in.
-struct Scope {
+/// The session a run uses: its store and its id, checked open when the call was planned.
+#[derive(Clone)]
+pub struct SessionRun {
     store: Arc<SessionStore>,
     id: SessionId,
-    report: Mutex<Option<RunReport>>,
 }
 
-tokio::task_local! {
-    static SCOPE: Arc<Scope>;
+impl std::fmt::Debug for SessionRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionRun").field("id", &self.id).finish()
+    }
+}
+
+impl SessionRun {
+    pub fn id(&self) -> &SessionId {
+        &self.id
+    }
 }
 
 /// The options of the store `cfg` describes.
@@ -233,7 +237,7 @@ pub fn tools(execute_code: &Tool) -> Vec<Tool> {
     ]
 }
 
-fn tool_error(message: impl Into<String>) -> CallToolResponse {
+pub fn tool_error(message: impl Into<String>) -> CallToolResponse {
     let message = message.into();
     let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
     r.structured_content = Some(json!({ "error": message }));
@@ -260,27 +264,19 @@ fn file_uri(id: &SessionId, path: &str) -> String {
     uri
 }
 
-/// Handle a session tool, or a session run of `execute_code`; `None` for any other call.
-pub async fn intercept(
-    server: &GearboxServer,
-    request: &CallToolRequestParams,
-    ctx: &RequestContext<RoleServer>,
-) -> Option<Result<CallToolResponse, McpError>> {
+/// Answer `exec_open`, `exec_close` or `exec_get_artifact` (none of them runs code); `None`
+/// for any other tool. Only called for tools this server exposes.
+pub fn answer(engine: &Engine, request: &CallToolRequestParams) -> Option<CallToolResponse> {
     let name: &str = &request.name;
     let args = request.arguments.as_ref();
-    let has_session = args.is_some_and(|a| a.contains_key("session_id"));
-    let is_session_tool = [EXEC_OPEN, EXEC_RUN, EXEC_CLOSE, EXEC_GET_ARTIFACT].contains(&name);
-    let session_run = name == "execute_code" && has_session;
-    if !(is_session_tool || session_run) {
+    if ![EXEC_OPEN, EXEC_CLOSE, EXEC_GET_ARTIFACT].contains(&name) {
         return None;
     }
-    // Only tools this server exposes (the `sessions` profile).
-    server.get_tool(name)?;
-    let store = match store(server.engine()) {
+    let store = match store(engine) {
         Ok(s) => s,
-        Err(e) => return Some(Ok(tool_error(e))),
+        Err(e) => return Some(tool_error(e)),
     };
-    Some(Ok(match name {
+    Some(match name {
         EXEC_OPEN => match parse::<ExecOpenArgs>(args) {
             Err(e) => tool_error(e),
             Ok(_) => match store.create() {
@@ -324,63 +320,59 @@ pub async fn intercept(
                 }
             },
         },
-        EXEC_GET_ARTIFACT => match parse::<ExecGetArtifactArgs>(args) {
+        _ => match parse::<ExecGetArtifactArgs>(args) {
             Err(e) => tool_error(e),
             Ok(a) => get_artifact(&store, a),
         },
-        _ => return Some(run(server, store, request, ctx).await),
-    }))
+    })
 }
 
-/// `exec_run` or `execute_code` with `session_id`: the same call without `session_id`, as
-/// `execute_code`, inside the session's scope.
-async fn run(
-    server: &GearboxServer,
-    store: Arc<SessionStore>,
-    request: &CallToolRequestParams,
-    ctx: &RequestContext<RoleServer>,
-) -> Result<CallToolResponse, McpError> {
-    let mut args = request.arguments.clone().unwrap_or_default();
+/// The pipeline's "attach session" step, for `exec_run` or `execute_code` with
+/// `session_id` (on a server whose tools include the session tools): take `session_id` out of
+/// the arguments (the rest are `execute_code`'s) and check that the session is open.
+/// `Ok(None)` for any other call; `Err` is the message of the tool error to answer.
+pub fn attach(
+    engine: &Engine,
+    request: &mut CallToolRequestParams,
+) -> Result<Option<SessionRun>, String> {
+    let named = request.name == EXEC_RUN;
+    let has_session = request
+        .arguments
+        .as_ref()
+        .is_some_and(|a| a.contains_key("session_id"));
+    if !(named || (request.name == "execute_code" && has_session)) {
+        return Ok(None);
+    }
+    let mut args = request.arguments.take().unwrap_or_default();
     let raw = args.remove("session_id");
+    request.arguments = Some(args);
     let id = match raw.as_ref().map(|v| v.as_str()) {
-        Some(Some(s)) => match SessionId::parse("session_id", s) {
-            Ok(id) => id,
-            Err(e) => return Ok(tool_error(e)),
-        },
-        Some(None) => return Ok(tool_error("session_id: expected a string")),
-        None => {
-            return Ok(tool_error(
-                "session_id: missing; open a session with exec_open",
-            ));
-        }
+        Some(Some(s)) => SessionId::parse("session_id", s)?,
+        Some(None) => return Err("session_id: expected a string".into()),
+        None => return Err("session_id: missing; open a session with exec_open".into()),
     };
+    let store = store(engine)?;
     match store.info(&id) {
-        Err(e) => return Ok(tool_error(e.to_string())),
-        Ok(i) if i.closed => return Ok(tool_error(StoreError::Closed(id).to_string())),
+        Err(e) => return Err(e.to_string()),
+        Ok(i) if i.closed => return Err(StoreError::Closed(id).to_string()),
         Ok(_) => {}
     }
-    let mut inner = request.clone();
-    inner.name = "execute_code".into();
-    inner.arguments = Some(args);
-    let scope = Arc::new(Scope {
-        store,
-        id,
-        report: Mutex::new(None),
+    Ok(Some(SessionRun { store, id }))
+}
+
+/// Add what happened to the session's workspace to a run's result (`report`), or that
+/// nothing ran (`None`: the call was refused or is waiting for a human).
+pub fn shape(
+    response: CallToolResponse,
+    session: &SessionRun,
+    report: Option<RunReport>,
+) -> CallToolResponse {
+    let report = report.unwrap_or_else(|| RunReport {
+        session_id: session.id.to_string(),
+        note: Some("nothing ran; the workspace is unchanged".into()),
+        ..Default::default()
     });
-    let call: Pin<Box<dyn Future<Output = Result<CallToolResponse, McpError>> + Send + '_>> =
-        server.call_direct(inner, ctx.clone());
-    let response = SCOPE.scope(scope.clone(), call).await?;
-    let report = scope
-        .report
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-        .unwrap_or_else(|| RunReport {
-            session_id: id.to_string(),
-            note: Some("nothing ran; the workspace is unchanged".into()),
-            ..Default::default()
-        });
-    Ok(match response {
+    match response {
         CallToolResponse::Complete(mut r) => {
             if let Some(Value::Object(map)) = r.structured_content.as_mut()
                 && let Ok(Value::Object(extra)) = serde_json::to_value(&report)
@@ -391,7 +383,7 @@ async fn run(
             CallToolResponse::Complete(r)
         }
         other => other,
-    })
+    }
 }
 
 fn describe(r: &RunReport) -> String {
@@ -422,29 +414,14 @@ fn describe(r: &RunReport) -> String {
     s
 }
 
-/// The engine call of the server's run path: over the session's workspace when the call is
-/// inside a session's scope, else a plain run.
-pub fn execute(
-    engine: &Arc<Engine>,
-    req: ExecRequest,
-    backend: Option<BackendKind>,
-) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'static>> {
-    let engine = engine.clone();
-    let scope = SCOPE.try_with(Arc::clone).ok();
-    Box::pin(async move {
-        match scope {
-            None => engine.execute(req, backend).await,
-            Some(scope) => run_in_session(&engine, &scope, req, backend).await,
-        }
-    })
-}
-
-async fn run_in_session(
+/// Run `req` over the session's workspace and keep the files it leaves (a run that did not
+/// end by itself changes nothing). Returns the outcome and what happened to the workspace.
+pub async fn run(
     engine: &Engine,
-    scope: &Scope,
+    scope: &SessionRun,
     req: ExecRequest,
     backend: Option<BackendKind>,
-) -> Outcome {
+) -> (Outcome, RunReport) {
     let backend_name = backend.unwrap_or(engine.config().backend).to_string();
     let mut report = RunReport {
         session_id: scope.id.to_string(),
@@ -453,11 +430,11 @@ async fn run_in_session(
     let refuse = |e: StoreError| Outcome::denied(&req.language, &backend_name, e.to_string());
     let guard = match scope.store.begin_run(&scope.id).await {
         Ok(g) => g,
-        Err(e) => return refuse(e),
+        Err(e) => return (refuse(e), report),
     };
     let files = match scope.store.workspace_files(&guard) {
         Ok(f) => f,
-        Err(e) => return refuse(e),
+        Err(e) => return (refuse(e), report),
     };
     let limits = scope.store.limits();
     let (mut outcome, collected) = engine.execute_collecting(req, backend, files, limits).await;
@@ -488,8 +465,7 @@ async fn run_in_session(
             }
         }
     }
-    *scope.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-    outcome
+    (outcome, report)
 }
 
 fn get_artifact(store: &SessionStore, a: ExecGetArtifactArgs) -> CallToolResponse {

@@ -56,11 +56,18 @@ struct Server {
 }
 
 /// The configuration: the three reference servers, `everything` with a secret in its env.
-fn config(dir: &Path, files: &Path) -> String {
+/// Calling other servers' tools is a capability: `full_trust` grants it when asked for,
+/// `user_confirmed` asks a human. Sessions and approvals live in `dir`.
+fn config(dir: &Path, files: &Path, gear: &str) -> String {
     format!(
         r#"
-# Calling other servers' tools is a capability: full_trust grants it when asked for.
-gear = "full_trust"
+gear = "{gear}"
+
+[sessions]
+dir = {sessions:?}
+
+[approvals]
+socket_dir = {approvals:?}
 
 [[targets]]
 name = "everything"
@@ -85,22 +92,32 @@ args = [{filesystem:?}, {files:?}]
         filesystem = server_js("server-filesystem"),
         memfile = dir.join("memory.json").display().to_string(),
         files = files.display().to_string(),
+        sessions = dir.join("sessions").display().to_string(),
+        approvals = dir.join("approvals").display().to_string(),
     )
 }
 
 async fn start() -> Server {
+    start_with("full_trust", &["default", "broker"]).await
+}
+
+async fn start_with(gear: &str, profiles: &[&str]) -> Server {
     let dir = TempDir::new("srv");
     let files = dir.0.join("files");
     std::fs::create_dir_all(&files).expect("mkdir");
     let cfg = dir.0.join("gearbox.toml");
-    std::fs::write(&cfg, config(&dir.0, &files)).expect("write config");
+    std::fs::write(&cfg, config(&dir.0, &files, gear)).expect("write config");
+    let profiles: Vec<String> = profiles
+        .iter()
+        .flat_map(|p| ["--profile".to_string(), p.to_string()])
+        .collect();
     let transport = TokioChildProcess::new(
         tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
             c.env("BROKER_MCP_SECRET", SECRET)
                 .arg("--config")
                 .arg(&cfg)
                 .arg("serve")
-                .args(["--profile", "default", "--profile", "broker"]);
+                .args(&profiles);
         }),
     )
     .expect("spawn gearbox serve");
@@ -540,4 +557,118 @@ fn manifest_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// A session run may call tools too: `exec_run` with `allow_tools` gets its channel, and the
+/// files it writes stay in the session for the next run.
+#[tokio::test]
+async fn a_session_run_calls_tools_and_keeps_its_files() {
+    let s = start_with("full_trust", &["sessions", "broker"]).await;
+    let opened = call(&s, "exec_open", json!({})).await;
+    let id = structured(&opened)["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    let code = "from tools import everything\n\
+                total = everything.get_sum(a=20, b=22)\n\
+                open('total.txt', 'w').write(str(total))\n\
+                print('sum', total)\n";
+    let r = call(
+        &s,
+        "exec_run",
+        json!({"session_id": id, "language": "python", "code": code,
+               "allow_tools": ["everything/get-sum"]}),
+    )
+    .await;
+    let v = structured(&r);
+    assert_eq!(v["status"], "ok", "{}", text(&r));
+    assert!(v["stdout"].as_str().unwrap_or("").contains("42"), "{v}");
+    assert_eq!(v["tool_calls"][0]["tool"], "get-sum", "{v}");
+    assert_eq!(v["workspace_saved"], true, "{v}");
+    let r = call(
+        &s,
+        "exec_run",
+        json!({"session_id": id, "language": "bash", "code": "cat total.txt"}),
+    )
+    .await;
+    assert!(
+        structured(&r)["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("42"),
+        "the file the first run left: {}",
+        text(&r)
+    );
+}
+
+/// `gearbox approve` against the server of `config`.
+fn approve(config_dir: &Path, id: &str) {
+    let cfg = config_dir.join("gearbox.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(["approve", id])
+        .output()
+        .expect("gearbox approve");
+    assert!(
+        out.status.success(),
+        "gearbox approve: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A run that waits for a human is resumed whole: `approval_status` runs it with its tool
+/// channel and in its session, as the human saw it.
+#[tokio::test]
+async fn a_run_resumed_by_approval_status_keeps_its_tools_and_session() {
+    let s = start_with("user_confirmed", &["default", "sessions", "broker"]).await;
+    let opened = call(&s, "exec_open", json!({})).await;
+    let id = structured(&opened)["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    let code = "import gearbox\n\
+                r = gearbox.call_tool('everything', 'echo', {'message': 'resumed'})\n\
+                open('echo.txt', 'w').write(str(r))\n\
+                print(r)\n";
+    let r = call(
+        &s,
+        "exec_run",
+        json!({"session_id": id, "language": "python", "code": code,
+               "allow_tools": ["everything/echo"]}),
+    )
+    .await;
+    let v = structured(&r);
+    assert_eq!(v["status"], "pending_approval", "{}", text(&r));
+    assert_eq!(v["workspace_saved"], false, "nothing ran yet: {v}");
+    let op = v["operation_id"]
+        .as_str()
+        .expect("operation_id")
+        .to_string();
+    approve(&s._dir.0, &op);
+    let r = call(&s, "approval_status", json!({"operation_id": op})).await;
+    let v = structured(&r);
+    assert_eq!(v["status"], "ok", "{}", text(&r));
+    assert!(
+        v["stdout"].as_str().unwrap_or("").contains("resumed"),
+        "the tool channel was there: {v}"
+    );
+    assert_eq!(v["tool_calls"][0]["tool"], "echo", "{v}");
+    assert_eq!(v["session_id"], id.as_str(), "{v}");
+    assert_eq!(v["workspace_saved"], true, "the session's workspace: {v}");
+    let r = call(
+        &s,
+        "exec_run",
+        json!({"session_id": id, "language": "bash", "code": "cat echo.txt"}),
+    )
+    .await;
+    assert!(
+        structured(&r)["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("resumed"),
+        "{}",
+        text(&r)
+    );
 }
