@@ -1,7 +1,7 @@
 //! The broker against real downstream MCP servers from npm (`tests/npm`, installed by
 //! `scripts/setup.sh`): discovery, stubs, and code-mode calls made by a real Python process
 //! through the run channel and the shipped SDK. (The same calls from inside the Linux sandbox,
-//! through `gearbox serve`, are tested in `crates/gearbox/tests/broker_mcp.rs`.)
+//! through `gearbox serve`, are tested in `crates/gearbox/tests/mcp/broker.rs`.)
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! `gearbox serve` driven over real stdio by rmcp's client: the binary, the Linux sandbox and
-//! the protocol, end to end. Run with `cargo test -p gearbox --test mcp_stdio`.
+//! the protocol, end to end. Run with `cargo test --workspace --test mcp -- stdio::`.
 //! `UPDATE_FIXTURES=1` rewrites the tools/list snapshot after an intended interface change.
 
 use std::path::PathBuf;
@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, ErrorCode, JsonObject,
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, ErrorCode,
     ProgressNotificationParam, ReadResourceRequestParams, ResourceContents,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
@@ -15,8 +15,9 @@ use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
 use serde_json::{Value, json};
 
-#[path = "common/cgroups.rs"]
-mod cgroups;
+use crate::cgroups;
+
+use crate::support::{TempDir, manifest_dir, obj, structured, text};
 
 /// Records progress notifications.
 #[derive(Clone, Default)]
@@ -42,24 +43,6 @@ struct Server {
     /// The `gearbox serve` process.
     pid: u32,
     _dir: TempDir,
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("gearbox-mcp-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&p).expect("mkdir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Start `gearbox serve` with a config that has a snippets dir, plus `args`.
@@ -93,29 +76,11 @@ async fn start(args: &[&str]) -> Server {
     }
 }
 
-fn obj(v: Value) -> JsonObject {
-    match v {
-        Value::Object(o) => o,
-        other => panic!("not an object: {other}"),
-    }
-}
-
 async fn call(s: &Server, tool: &str, args: Value) -> CallToolResult {
     s.session
         .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj(args)))
         .await
         .unwrap_or_else(|e| panic!("{tool}: {e}"))
-}
-
-fn text(r: &CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect()
-}
-
-fn structured(r: &CallToolResult) -> &Value {
-    r.structured_content.as_ref().expect("structuredContent")
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -848,14 +813,6 @@ async fn stateless_2026_07_28_revision_runs_code() {
         .await
         .expect("call");
     assert_eq!(r.structured_content.expect("structured")["stdout"], "42\n");
-}
-
-/// This package's directory: as cargo gives it when it runs the test (a build cache shared
-/// between checkouts may hold a binary compiled in another one).
-fn manifest_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// What a broken or hostile client writes on stdio, as raw bytes: lines that are not JSON,

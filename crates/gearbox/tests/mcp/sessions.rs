@@ -1,39 +1,20 @@
 //! Sessions over MCP: `gearbox serve --profile sessions` driven over real stdio by rmcp's
 //! client. Files persist across runs; idle sessions expire, also across a `kill -9`; ids and
 //! paths that try to leave the store, and symlinks planted in a session on the host, are
-//! refused. Run with `cargo test -p gearbox --test mcp_sessions`.
+//! refused. Run with `cargo test --workspace --test mcp -- sessions::`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, JsonObject, ReadResourceRequestParams, ResourceContents,
+    CallToolRequestParams, CallToolResult, ReadResourceRequestParams, ResourceContents,
 };
 use rmcp::service::RunningService;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!(
-            "gearbox-mcp-sessions-{tag}-{}-{n}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p).expect("mkdir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use crate::support::{TempDir, obj, structured, text};
 
 struct Server {
     session: RunningService<RoleClient, ()>,
@@ -64,29 +45,11 @@ async fn start(dir: &Path, ttl_secs: u64) -> Server {
     Server { session, pid }
 }
 
-fn obj(v: Value) -> JsonObject {
-    match v {
-        Value::Object(o) => o,
-        other => panic!("not an object: {other}"),
-    }
-}
-
 async fn call(s: &Server, tool: &str, args: Value) -> CallToolResult {
     s.session
         .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj(args)))
         .await
         .unwrap_or_else(|e| panic!("{tool}: {e}"))
-}
-
-fn text(r: &CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect()
-}
-
-fn structured(r: &CallToolResult) -> &Value {
-    r.structured_content.as_ref().expect("structuredContent")
 }
 
 async fn open(s: &Server) -> String {

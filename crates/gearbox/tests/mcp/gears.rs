@@ -2,7 +2,7 @@
 //! a real TCP listener on the host that a granted network reaches and an ungranted one does
 //! not, human approval out of band (`gearbox approve`/`reject`, `POST /approvals/ID`) and
 //! through MCP elicitation (stateful and the stateless 2026-07-28 input-required flow).
-//! Run with `cargo test -p gearbox --test mcp_gears`.
+//! Run with `cargo test --workspace --test mcp -- gears::`.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -12,31 +12,14 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ElicitRequestParams, ElicitResult,
-    ElicitationAction, ElicitationCapability, Implementation, InitializeRequestParams, JsonObject,
+    ElicitationAction, ElicitationCapability, Implementation, InitializeRequestParams,
 };
 use rmcp::service::{RequestContext, RunningService};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p =
-            std::env::temp_dir().join(format!("gearbox-gears-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&p).expect("mkdir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use crate::support::{TempDir, obj, structured, text};
 
 /// A host TCP service that answers every connection with `pong`: reachable only from a
 /// sandbox that was granted the network.
@@ -185,31 +168,11 @@ async fn start(gear: &str) -> Server<Plain> {
     start_with(Plain, gear).await
 }
 
-fn obj(v: Value) -> JsonObject {
-    match v {
-        Value::Object(o) => o,
-        other => panic!("not an object: {other}"),
-    }
-}
-
 async fn call<C: ClientHandler>(s: &Server<C>, tool: &str, args: Value) -> CallToolResult {
     s.session
         .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj(args)))
         .await
         .unwrap_or_else(|e| panic!("{tool}: {e}"))
-}
-
-fn st(r: &CallToolResult) -> &Value {
-    r.structured_content.as_ref().expect("structuredContent")
-}
-
-/// Every text block of a result, joined.
-fn text(r: &CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// `gearbox approve|reject ID` against the server of `config`.
@@ -235,9 +198,9 @@ async fn read_only_runs_nothing_but_discovery_works() {
     let s = start("read_only").await;
     for lang in LANGUAGES {
         let r = call(&s, "execute_code", json!({"language": lang, "code": "x"})).await;
-        assert_eq!(st(&r)["status"], "denied", "{lang}: {r:?}");
+        assert_eq!(structured(&r)["status"], "denied", "{lang}: {r:?}");
         assert!(
-            st(&r)["reason"]
+            structured(&r)["reason"]
                 .as_str()
                 .unwrap_or("")
                 .contains("read_only"),
@@ -264,7 +227,7 @@ async fn restricted_refuses_network_with_findings_and_runs_plain_code() {
             json!({"language": lang, "code": network_code(lang)}),
         )
         .await;
-        let v = st(&r);
+        let v = structured(&r);
         assert_eq!(v["status"], "denied", "{lang}: {v}");
         assert_eq!(r.is_error, Some(true));
         let reason = v["reason"].as_str().unwrap_or("");
@@ -293,7 +256,7 @@ async fn restricted_refuses_network_with_findings_and_runs_plain_code() {
             json!({"language": lang, "code": "x", "network": true}),
         )
         .await;
-        assert_eq!(st(&r)["status"], "denied", "{lang}");
+        assert_eq!(structured(&r)["status"], "denied", "{lang}");
     }
     let r = call(
         &s,
@@ -302,7 +265,7 @@ async fn restricted_refuses_network_with_findings_and_runs_plain_code() {
     )
     .await;
     assert_eq!(
-        st(&r)["status"],
+        structured(&r)["status"],
         "ok",
         "comments and strings are not findings: {r:?}"
     );
@@ -317,17 +280,22 @@ async fn a_call_may_lower_the_gear_never_raise_it() {
         json!({"language": "bash", "code": "echo hi", "gear": "full_trust"}),
     )
     .await;
-    assert_eq!(st(&r)["status"], "denied");
-    assert!(st(&r)["reason"].as_str().unwrap_or("").contains("above"));
+    assert_eq!(structured(&r)["status"], "denied");
+    assert!(
+        structured(&r)["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("above")
+    );
     let r = call(
         &s,
         "execute_code",
         json!({"language": "bash", "code": "echo hi", "gear": "read_only"}),
     )
     .await;
-    assert_eq!(st(&r)["status"], "denied");
+    assert_eq!(structured(&r)["status"], "denied");
     assert!(
-        st(&r)["reason"]
+        structured(&r)["reason"]
             .as_str()
             .unwrap_or("")
             .contains("read_only")
@@ -346,7 +314,7 @@ async fn full_trust_grants_a_network_that_works_and_only_when_asked() {
             json!({"language": lang, "code": code, "network": true}),
         )
         .await;
-        let v = st(&r);
+        let v = structured(&r);
         assert_eq!(v["status"], "ok", "{lang}: {v}");
         assert!(
             v["stdout"].as_str().unwrap_or("").contains("pong"),
@@ -355,7 +323,7 @@ async fn full_trust_grants_a_network_that_works_and_only_when_asked() {
         assert_eq!(v["policy"]["granted"], json!(["network"]), "{lang}");
         // The same code without asking: no network, although analysis sees the need.
         let r = call(&s, "execute_code", json!({"language": lang, "code": code})).await;
-        let v = st(&r);
+        let v = structured(&r);
         assert!(
             !v["stdout"].as_str().unwrap_or("").contains("pong"),
             "{lang}: an ungranted network must not work: {v}"
@@ -372,7 +340,7 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
         let code = connect_code(lang, pong.port);
         let args = json!({"language": lang, "code": code, "network": true});
         let r = call(&s, "execute_code", args.clone()).await;
-        let v = st(&r).clone();
+        let v = structured(&r).clone();
         assert_eq!(v["status"], "pending_approval", "{lang}: {v}");
         assert_ne!(r.is_error, Some(true), "pending is not an error");
         let id = v["operation_id"]
@@ -384,7 +352,7 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
         let mut again = args.clone();
         again["operation_id"] = json!(id);
         let r = call(&s, "execute_code", again.clone()).await;
-        assert_eq!(st(&r)["status"], "pending_approval", "{lang}");
+        assert_eq!(structured(&r)["status"], "pending_approval", "{lang}");
 
         let (ok, out) = decide(&s.config, "approve", &id, Some("go ahead"));
         assert!(ok, "{lang}: gearbox approve: {out}");
@@ -393,14 +361,19 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
         changed["code"] = json!(format!("{code}\n"));
         let r = call(&s, "execute_code", changed).await;
         assert_eq!(
-            st(&r)["status"],
+            structured(&r)["status"],
             "denied",
             "{lang}: changed code must not run"
         );
-        assert!(st(&r)["reason"].as_str().unwrap_or("").contains("differ"));
+        assert!(
+            structured(&r)["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("differ")
+        );
         // The approved one runs, with a network that works.
         let r = call(&s, "execute_code", again.clone()).await;
-        let v = st(&r);
+        let v = structured(&r);
         assert_eq!(v["status"], "ok", "{lang}: {v}");
         assert!(
             v["stdout"].as_str().unwrap_or("").contains("pong"),
@@ -409,7 +382,7 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
         assert_eq!(v["policy"]["decided_by"], "human");
         // An approval is good for one run.
         let r = call(&s, "execute_code", again).await;
-        assert_eq!(st(&r)["status"], "denied", "{lang}: second use");
+        assert_eq!(structured(&r)["status"], "denied", "{lang}: second use");
     }
 
     // Rejection carries the human's words.
@@ -419,13 +392,16 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
         json!({"language": "python", "code": "print(1)", "network": true}),
     )
     .await;
-    let id = st(&r)["operation_id"].as_str().expect("id").to_string();
+    let id = structured(&r)["operation_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
     let (ok, out) = decide(&s.config, "reject", &id, Some("no network today"));
     assert!(ok, "{out}");
     let r = call(&s, "approval_status", json!({"operation_id": id})).await;
-    assert_eq!(st(&r)["status"], "denied");
+    assert_eq!(structured(&r)["status"], "denied");
     assert!(
-        st(&r)["reason"]
+        structured(&r)["reason"]
             .as_str()
             .unwrap_or("")
             .contains("no network today"),
@@ -439,20 +415,28 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
         json!({"language": "bash", "code": connect_code("bash", pong.port), "network": true}),
     )
     .await;
-    let id = st(&r)["operation_id"].as_str().expect("id").to_string();
+    let id = structured(&r)["operation_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
     let r = call(&s, "approval_status", json!({"operation_id": id})).await;
-    assert_eq!(st(&r)["status"], "pending_approval");
+    assert_eq!(structured(&r)["status"], "pending_approval");
     assert!(decide(&s.config, "approve", &id, None).0);
     let r = call(&s, "approval_status", json!({"operation_id": id})).await;
-    assert_eq!(st(&r)["status"], "ok", "{r:?}");
-    assert!(st(&r)["stdout"].as_str().unwrap_or("").contains("pong"));
+    assert_eq!(structured(&r)["status"], "ok", "{r:?}");
+    assert!(
+        structured(&r)["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("pong")
+    );
 
     // Hostile or unknown ids.
     for bad in ["../../etc/passwd", "00000000-0000-4000-8000-000000000000"] {
         let (ok, out) = decide(&s.config, "approve", bad, None);
         assert!(!ok, "{bad}: {out}");
         let r = call(&s, "approval_status", json!({"operation_id": bad})).await;
-        assert_eq!(st(&r)["status"], "denied", "{bad}");
+        assert_eq!(structured(&r)["status"], "denied", "{bad}");
     }
 }
 
@@ -465,7 +449,7 @@ async fn user_confirmed_asks_about_high_risk_but_not_about_suspected_network() {
         json!({"language": "python", "code": "print(1)"}),
     )
     .await;
-    assert_eq!(st(&r)["status"], "ok", "plain code needs nobody");
+    assert_eq!(structured(&r)["status"], "ok", "plain code needs nobody");
     let r = call(
         &s,
         "execute_code",
@@ -473,12 +457,15 @@ async fn user_confirmed_asks_about_high_risk_but_not_about_suspected_network() {
     )
     .await;
     assert_eq!(
-        st(&r)["status"],
+        structured(&r)["status"],
         "pending_approval",
         "dynamic evaluation: {r:?}"
     );
     assert!(
-        st(&r)["reason"].as_str().unwrap_or("").contains("approve"),
+        structured(&r)["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("approve"),
         "says how to approve: {r:?}"
     );
     // Code that seems to use the network, from a call that did not ask for it: it would
@@ -491,7 +478,7 @@ async fn user_confirmed_asks_about_high_risk_but_not_about_suspected_network() {
             json!({"language": lang, "code": network_code(lang)}),
         )
         .await;
-        let v = st(&r);
+        let v = structured(&r);
         assert!(
             v["status"] == "ok" || v["status"] == "error",
             "{lang}: it ran: {v}"
@@ -515,7 +502,7 @@ async fn elicitation_accept_decline_cancel() {
     let human = Human::new(ElicitationAction::Accept, true);
     let s = start_with(human.clone(), "user_confirmed").await;
     let r = call(&s, "execute_code", args.clone()).await;
-    let v = st(&r);
+    let v = structured(&r);
     assert_eq!(v["status"], "ok", "{v}");
     assert!(v["stdout"].as_str().unwrap_or("").contains("pong"), "{v}");
     assert_eq!(v["policy"]["decided_by"], "elicitation");
@@ -531,7 +518,7 @@ async fn elicitation_accept_decline_cancel() {
     ] {
         let s = start_with(Human::new(action.clone(), approve), "user_confirmed").await;
         let r = call(&s, "execute_code", args.clone()).await;
-        let v = st(&r);
+        let v = structured(&r);
         assert_eq!(v["status"], "denied", "{action:?}: {v}");
         assert!(
             v["reason"].as_str().unwrap_or("").contains(word),

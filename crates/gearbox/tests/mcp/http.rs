@@ -1,6 +1,6 @@
 //! `gearbox serve --http` end to end: the real binary on a loopback port, driven by rmcp's
 //! Streamable HTTP client and by raw HTTP (reqwest). Run with
-//! `cargo test -p gearbox --test mcp_http`.
+//! `cargo test --workspace --test mcp -- http::`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -9,33 +9,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
+use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+use crate::support::{TempDir, obj, text};
+
 const ALICE: &str = "alice-key-0123456789abcdef";
 const BOB: &str = "bob-key-fedcba9876543210";
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("gearbox-http-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("mkdir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A running `gearbox serve --http 127.0.0.1:0`.
 struct Daemon {
@@ -165,20 +148,6 @@ fn http() -> reqwest::Client {
         .timeout(Duration::from_secs(60))
         .build()
         .expect("client")
-}
-
-fn obj(v: Value) -> JsonObject {
-    match v {
-        Value::Object(m) => m,
-        _ => panic!("not an object"),
-    }
-}
-
-fn text(r: &CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect()
 }
 
 fn initialize_body() -> Value {

@@ -1,39 +1,20 @@
 //! Code mode end to end: `gearbox serve` over stdio (rmcp's client) with `[[targets]]` of real
 //! downstream MCP servers from npm (`tests/npm`, installed by `scripts/setup.sh`); Python and
 //! Node in the Linux sandbox call their tools through the broker's channel.
-//! Run with `cargo test -p gearbox --test broker_mcp`.
+//! Run with `cargo test --workspace --test mcp -- broker::`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
+use crate::support::{TempDir, manifest_dir, obj, structured, text};
+
 const SECRET: &str = "sk-broker-test-7f3a9c";
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!(
-            "gearbox-broker-mcp-{tag}-{}-{n}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p).expect("mkdir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn server_js(name: &str) -> String {
     let p = manifest_dir()
@@ -131,29 +112,11 @@ async fn start_with(gear: &str, profiles: &[&str]) -> Server {
     }
 }
 
-fn obj(v: Value) -> JsonObject {
-    match v {
-        Value::Object(o) => o,
-        other => panic!("not an object: {other}"),
-    }
-}
-
 async fn call(s: &Server, tool: &str, args: Value) -> CallToolResult {
     s.session
         .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj(args)))
         .await
         .unwrap_or_else(|e| panic!("{tool}: {e}"))
-}
-
-fn text(r: &CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect()
-}
-
-fn structured(r: &CallToolResult) -> &Value {
-    r.structured_content.as_ref().expect("structuredContent")
 }
 
 fn outcomes(r: &CallToolResult) -> Vec<String> {
@@ -549,14 +512,6 @@ async fn a_missing_variable_stops_serve_with_its_name_and_the_target() {
             && err.contains("env.TOKEN"),
         "{err}"
     );
-}
-
-/// This package's directory: as cargo gives it when it runs the test (a build cache shared
-/// between checkouts may hold a binary compiled in another one).
-fn manifest_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// A session run may call tools too: `exec_run` with `allow_tools` gets its channel, and the
