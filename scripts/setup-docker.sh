@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Make a Docker engine answer on /var/run/docker.sock and make sure the image of the docker
-# backend's default Python entry, gearbox/python:bookworm, exists. Idempotent: installs
-# Debian's docker.io and debootstrap only when missing, starts dockerd only when no engine
-# answers, builds the image only when absent (the engine's data root, /var/lib/docker, keeps it
-# between runs on the same machine).
+# Make a Docker engine answer on /var/run/docker.sock and make sure the docker backend's
+# default images exist: gearbox/python:bookworm (Python, Bash) and gearbox/runtimes:bookworm
+# (Node for JavaScript, Go). Idempotent: installs Debian's docker.io and debootstrap only when
+# missing, starts dockerd only when no engine answers, builds an image only when absent (the
+# engine's data root, /var/lib/docker, keeps them between runs on the same machine).
 #
-#   scripts/setup-docker.sh            # exit 0: engine up and image present
+#   scripts/setup-docker.sh            # exit 0: engine up and images present
 #                                      # exit 1: the engine cannot start here (reason printed)
 #
-# No registry is reachable, so the image is built without one: a minimal Debian root made by
+# No registry is reachable, so the images are built without one: a minimal Debian root made by
 # debootstrap from the mirror apt is configured with, trimmed, then `docker import`ed.
 set -euo pipefail
 
-IMAGE="${GEARBOX_DOCKER_IMAGE:-gearbox/python:bookworm}"
+# The backend's default images: Python and Bash run in the first, JavaScript (Node) and Go
+# in the second (crates/gearbox-docker/src/config.rs names them).
+PYTHON_IMAGE="gearbox/python:bookworm"
+RUNTIMES_IMAGE="gearbox/runtimes:bookworm"
 LOG_DIR="${GEARBOX_DOCKER_LOG_DIR:-/var/log}"
 DOCKERD_LOG="$LOG_DIR/gearbox-dockerd.log"
 
@@ -64,11 +67,6 @@ if ! engine_answers; then
 fi
 say "engine answers (API $("$DOCKER" version --format '{{.Server.APIVersion}}'))"
 
-if "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1; then
-    say "image $IMAGE present"
-    exit 0
-fi
-
 # The mirror apt already uses (deb822 sources first, then the one-line format).
 mirror=""
 if [ -f /etc/apt/sources.list.d/debian.sources ]; then
@@ -78,24 +76,40 @@ fi
 if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
     mirror=$(awk '$1 == "deb" && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list)
 fi
-[ -n "$mirror" ] || fail "no Debian mirror found in apt's sources to build $IMAGE from"
 
-say "building $IMAGE with debootstrap from $mirror (about a minute)"
-root=$(mktemp -d /var/tmp/gearbox-image.XXXXXX)
-trap 'rm -rf "$root"' EXIT
-if ! debootstrap --variant=minbase --include=python3 bookworm "$root" "$mirror" \
-    >"$root.log" 2>&1; then
-    tail -n 20 "$root.log" >&2 || true
+# build_image NAME PACKAGES: a minimal Debian root with PACKAGES (comma-separated), trimmed,
+# imported as NAME; nothing when NAME exists.
+build_image() {
+    local image=$1 packages=$2
+    if "$DOCKER" image inspect "$image" >/dev/null 2>&1; then
+        say "image $image present"
+        return 0
+    fi
+    [ -n "$mirror" ] || fail "no Debian mirror found in apt's sources to build $image from"
+    say "building $image ($packages) with debootstrap from the mirror apt uses (a minute or two)"
+    local root
+    root=$(mktemp -d /var/tmp/gearbox-image.XXXXXX)
+    if ! debootstrap --variant=minbase --include="$packages" bookworm "$root" "$mirror" \
+        >"$root.log" 2>&1; then
+        tail -n 20 "$root.log" >&2 || true
+        rm -rf "$root" "$root.log"
+        fail "debootstrap failed, so $image cannot be built"
+    fi
     rm -f "$root.log"
-    fail "debootstrap failed, so $IMAGE cannot be built"
-fi
-rm -f "$root.log"
-# Trim what a run never needs: apt's lists and caches, documentation, locales.
-rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* \
-    "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/* \
-    "$root"/var/log/* "$root"/tmp/*
-mkdir -p "$root/workspace"
-tar --numeric-owner -C "$root" -c . |
-    "$DOCKER" import --change 'WORKDIR /workspace' --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
-        - "$IMAGE" >/dev/null || fail "docker import of $IMAGE failed"
-say "image $IMAGE built ($("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE") bytes)"
+    # Trim what a run never needs: apt's lists and caches, documentation, locales.
+    rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* \
+        "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/* \
+        "$root"/var/log/* "$root"/tmp/*
+    mkdir -p "$root/workspace"
+    if ! tar --numeric-owner -C "$root" -c . |
+        "$DOCKER" import --change 'WORKDIR /workspace' \
+            --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' - "$image" >/dev/null; then
+        rm -rf "$root"
+        fail "docker import of $image failed"
+    fi
+    rm -rf "$root"
+    say "image $image built ($("$DOCKER" image inspect --format '{{.Size}}' "$image") bytes)"
+}
+
+build_image "$PYTHON_IMAGE" python3
+build_image "$RUNTIMES_IMAGE" nodejs,golang-go

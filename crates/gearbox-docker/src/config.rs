@@ -8,8 +8,11 @@ use serde::{Deserialize, Serialize};
 
 /// The engine address used when none is configured.
 pub const DEFAULT_HOST: &str = "unix:///var/run/docker.sock";
-/// The image of the default Python entry; `scripts/setup-docker.sh` builds it.
+/// The image of the default Python and Bash entries; `scripts/setup-docker.sh` builds it.
 pub const DEFAULT_PYTHON_IMAGE: &str = "gearbox/python:bookworm";
+/// The image of the default JavaScript (Node) and Go entries; `scripts/setup-docker.sh`
+/// builds it.
+pub const DEFAULT_RUNTIMES_IMAGE: &str = "gearbox/runtimes:bookworm";
 /// Where the workspace (a tmpfs volume) is mounted and the program starts, by default.
 pub const DEFAULT_WORKDIR: &str = "/workspace";
 /// `nobody` on Debian: the default user inside the container.
@@ -23,8 +26,9 @@ pub struct DockerConfig {
     /// `unix:///var/run/docker.sock`. The API version is negotiated with the engine.
     pub host: String,
     /// One entry per language the backend runs (`python`, `javascript`, ...), each naming an
-    /// image that must already exist on the engine (gearbox never pulls). Default: `python`
-    /// in `gearbox/python:bookworm` (built by `scripts/setup-docker.sh`).
+    /// image that must already exist on the engine (gearbox never pulls). Default: every
+    /// built-in language, `python` and `bash` in `gearbox/python:bookworm`, `javascript` and
+    /// `go` in `gearbox/runtimes:bookworm` (both built by `scripts/setup-docker.sh`).
     pub images: BTreeMap<String, DockerImage>,
     /// User id the program runs as inside the container; 0 (root) is refused. Default 65534.
     pub uid: u32,
@@ -62,15 +66,29 @@ fn default_workdir() -> String {
 
 impl Default for DockerConfig {
     fn default() -> Self {
-        let mut images = BTreeMap::new();
-        images.insert(
-            "python".to_string(),
-            DockerImage {
-                image: DEFAULT_PYTHON_IMAGE.to_string(),
-                command: vec!["python3".into(), "-s".into(), "{entrypoint}".into()],
-                workdir: default_workdir(),
-            },
-        );
+        let entry = |image: &str, command: &[&str]| DockerImage {
+            image: image.to_string(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            workdir: default_workdir(),
+        };
+        let images = BTreeMap::from([
+            (
+                "python".to_string(),
+                entry(DEFAULT_PYTHON_IMAGE, &["python3", "-s", "{entrypoint}"]),
+            ),
+            (
+                "bash".to_string(),
+                entry(DEFAULT_PYTHON_IMAGE, &["bash", "{entrypoint}"]),
+            ),
+            (
+                "javascript".to_string(),
+                entry(DEFAULT_RUNTIMES_IMAGE, &["node", "{entrypoint}"]),
+            ),
+            (
+                "go".to_string(),
+                entry(DEFAULT_RUNTIMES_IMAGE, &["go", "run", "{entrypoint}"]),
+            ),
+        ]);
         DockerConfig {
             host: DEFAULT_HOST.to_string(),
             images,
@@ -141,6 +159,11 @@ mod tests {
         let c = DockerConfig::default();
         c.validate().expect("default valid");
         assert_eq!(c.images["python"].image, DEFAULT_PYTHON_IMAGE);
+        // Every built-in language has a default entry.
+        let table = gearbox_core::LanguageTable::builtin();
+        for lang in table.names() {
+            assert!(c.images.contains_key(lang), "no default image for {lang}");
+        }
     }
 
     #[test]

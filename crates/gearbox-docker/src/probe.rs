@@ -42,7 +42,7 @@ async fn probe_async(config: &DockerConfig) -> Result<(bool, Vec<String>), Strin
                 vec![
                     format!("engine: {e}"),
                     "start one with scripts/setup-docker.sh (installs docker.io, starts dockerd, \
-                     builds gearbox/python:bookworm)"
+                     builds gearbox/python:bookworm and gearbox/runtimes:bookworm)"
                         .to_string(),
                 ],
             ));

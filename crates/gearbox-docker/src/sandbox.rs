@@ -435,7 +435,9 @@ fn container_body(
         ipc_mode: Some("private".to_string()),
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
-            format!("rw,nosuid,nodev,{disk},mode=1777"),
+            // exec: Docker's tmpfs default is noexec, and `go run` builds and starts its
+            // binary under /tmp (as on the Linux backend, whose /tmp allows it too).
+            format!("rw,exec,nosuid,nodev,{disk},mode=1777"),
         )])),
         mounts: Some(vec![Mount {
             target: Some(image.workdir.clone()),
@@ -563,7 +565,8 @@ fn create_error(e: DockerError, image: &DockerImage) -> SandboxError {
         } => SandboxError::Unavailable(format!(
             "image {img} is not on the Docker engine ({message}); gearbox does not pull: \
              run `docker pull {img}` (or `docker build`/`docker import` it); \
-             scripts/setup-docker.sh builds the default gearbox/python:bookworm",
+             scripts/setup-docker.sh builds the default gearbox/python:bookworm and \
+             gearbox/runtimes:bookworm",
             img = image.image
         )),
         other => SandboxError::Setup {

@@ -1,6 +1,7 @@
 //! The docker backend against a real engine: behaviour (exit codes, stdin, files, output cap,
 //! timeout, limits) and hostile programs (escape attempts), each run in a fresh container of
-//! `gearbox/python:bookworm` (built by `scripts/setup-docker.sh`).
+//! `gearbox/python:bookworm`, and every built-in language in its default image
+//! (`gearbox/runtimes:bookworm` for Node and Go; both built by `scripts/setup-docker.sh`).
 //!
 //! Without an engine every test prints `DOCKER TESTS SKIPPED` and returns; with
 //! `GEARBOX_DOCKER_REQUIRED=1` (set by scripts/test.sh once the engine started) a missing
@@ -25,11 +26,16 @@ async fn backend() -> Option<DockerSandbox> {
     let sb = DockerSandbox::new(DockerConfig::default());
     let problem = match sb.client().await {
         Ok(docker) => {
-            let image = &sb.config().images["python"].image;
-            match docker.inspect_image(image).await {
-                Ok(_) => return Some(sb),
-                Err(e) => format!("image {image} is missing ({e})"),
+            let mut missing = Vec::new();
+            for img in sb.config().images.values() {
+                if let Err(e) = docker.inspect_image(&img.image).await {
+                    missing.push(format!("image {} is missing ({e})", img.image));
+                }
             }
+            if missing.is_empty() {
+                return Some(sb);
+            }
+            missing.join("; ")
         }
         Err(e) => e.to_string(),
     };
@@ -118,6 +124,41 @@ fn marked(code: &str, mark: &str) -> Job {
 
 // ---------------------------------------------------------------------------------------------
 // Behaviour
+
+/// Every built-in language runs in its default image (the drop-in promise of the seed that
+/// ran Python, JavaScript and Go in containers): each prints what it computed, as `nobody`.
+#[tokio::test]
+async fn every_builtin_language_runs_in_its_default_image() {
+    let Some(sb) = backend().await else { return };
+    let table = LanguageTable::builtin();
+    for (lang, code) in [
+        ("python", "import os\nprint(6*7, os.getuid())\n"),
+        ("bash", "echo $((6*7)) $(id -u)\n"),
+        ("javascript", "console.log(6*7, process.getuid())\n"),
+        (
+            "go",
+            "package main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() { fmt.Println(6*7, os.Getuid()) }\n",
+        ),
+    ] {
+        let spec = table.get(lang).expect(lang).clone();
+        let resolved = ResolvedLanguage {
+            name: lang.into(),
+            spec,
+            interpreter: PathBuf::from(lang),
+            mounts: Vec::new(),
+        };
+        let req = ExecRequest {
+            language: lang.into(),
+            code: code.into(),
+            ..Default::default()
+        };
+        let job = Job::build(&req, &resolved, &Limits::default()).expect("valid job");
+        let o = run(&sb, job).await;
+        assert_eq!(o.status, Status::Ok, "{lang}: {o:?}");
+        assert_eq!(o.stdout, "42 65534\n", "{lang}: {o:?}");
+        assert_eq!(o.backend, "docker");
+    }
+}
 
 #[tokio::test]
 async fn exit_codes_and_output() {

@@ -61,7 +61,8 @@ pub struct Config {
     pub pool: PoolConfig,
     /// The `docker` backend: engine address, and per language the image (which must exist:
     /// gearbox never pulls), command (`{entrypoint}` replaced) and workdir. Default: the
-    /// local engine's socket and `python` in `gearbox/python:bookworm`.
+    /// local engine's socket and every built-in language (`gearbox/python:bookworm`,
+    /// `gearbox/runtimes:bookworm`).
     pub docker: gearbox_docker::DockerConfig,
     /// Packages a call may ask for (`packages`): installed outside the sandbox by uv, pip or
     /// npm into cached read-only layers. See `docs/PACKAGES.md`.

@@ -73,4 +73,47 @@ fn run_with_the_docker_backend_end_to_end() {
         "{text}"
     );
     assert!(text.contains("gearbox/python:bookworm present"), "{text}");
+    assert!(text.contains("gearbox/runtimes:bookworm present"), "{text}");
+}
+
+/// `gearbox run --backend docker` serves every built-in language with the default
+/// configuration, not only Python.
+#[test]
+fn every_language_runs_with_the_docker_backend() {
+    if !docker_ready() {
+        return;
+    }
+    for (lang, code) in [
+        ("bash", "echo docker $((6*7))"),
+        ("javascript", "console.log('docker', 6*7)"),
+        (
+            "go",
+            "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"docker\", 6*7) }\n",
+        ),
+    ] {
+        let mut child = gearbox()
+            .args([
+                "run",
+                "--backend",
+                "docker",
+                "--json",
+                "--language",
+                lang,
+                "-",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("gearbox run");
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("stdin");
+            stdin.write_all(code.as_bytes()).expect("write the program");
+        }
+        let out = child.wait_with_output().expect("wait");
+        let o: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON outcome");
+        assert_eq!(o["status"], "ok", "{lang}: {o}");
+        assert_eq!(o["backend"], "docker", "{lang}: {o}");
+        assert_eq!(o["stdout"], "docker 42\n", "{lang}: {o}");
+    }
 }
