@@ -17,6 +17,8 @@ pub mod audit;
 mod broker;
 #[cfg(test)]
 mod doc_check;
+#[cfg(test)]
+mod gate_tests;
 pub mod http;
 pub mod limiter;
 pub mod metrics;
