@@ -12,7 +12,7 @@ use gearbox_sandbox::{LinuxSandbox, PoolStats, ProcessSandbox, WarmPool};
 use serde::Serialize;
 
 use crate::config::Config;
-use gearbox_packages::Layer;
+use gearbox_packages::{Ecosystem, Layer, LayerInfo, Package, Target};
 
 /// A run ready for its sandbox: what [`Engine::prepare`] settled.
 struct PreparedRun {
@@ -340,5 +340,52 @@ impl Engine {
             .into_iter()
             .filter_map(|k| self.backends.get(&k).map(|b| b.probe()))
             .collect()
+    }
+}
+
+// Package layers on behalf of the server: what would be installed, what is cached.
+impl Engine {
+    fn package_target(&self, language: &str) -> Result<Target, String> {
+        let resolved = self.language_table().resolve(language)?;
+        self.packages().target(&resolved)
+    }
+
+    /// What installing `reqs` for `language` would install, names and versions with
+    /// dependencies, without installing (for a human to approve). Cached sets answer
+    /// without the network.
+    pub async fn resolve_packages(
+        &self,
+        language: &str,
+        reqs: &[String],
+    ) -> Result<Vec<Package>, String> {
+        let target = self.package_target(language)?;
+        let store = self.packages().store()?;
+        store
+            .resolve(&target, reqs)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Whether `reqs` for `language` are already installed (no installer would run).
+    pub fn packages_cached(&self, language: &str, reqs: &[String]) -> bool {
+        match (self.package_target(language), self.packages().store()) {
+            (Ok(t), Ok(s)) => s.is_cached(&t, reqs),
+            _ => false,
+        }
+    }
+
+    /// Cached layers, most recently used first; `language` filters by its ecosystem.
+    pub fn package_layers(&self, language: Option<&str>) -> Vec<LayerInfo> {
+        let eco = match language {
+            Some(l) => match Ecosystem::for_language(l) {
+                Some(e) => Some(e),
+                None => return Vec::new(),
+            },
+            None => None,
+        };
+        self.packages()
+            .store()
+            .map(|s| s.layers(eco))
+            .unwrap_or_default()
     }
 }

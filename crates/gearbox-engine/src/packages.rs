@@ -5,11 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use gearbox_core::{ExecRequest, Outcome, ResolvedLanguage};
-use gearbox_packages::{
-    Ecosystem, Layer, LayerInfo, LayerStore, Package, PackageError, PackagesConfig, Target,
-};
-
-use crate::Engine;
+use gearbox_packages::{Ecosystem, Layer, LayerStore, PackageError, PackagesConfig, Target};
 
 /// The engine's package layers: the store (created on first use) and the interpreter each
 /// language installs for.
@@ -142,51 +138,5 @@ pub(crate) fn account(outcome: &mut Outcome, layer: Option<&Layer>) {
     if let Some(l) = layer {
         let us = l.elapsed_ms.saturating_mul(1000);
         outcome.usage.setup_us = Some(outcome.usage.setup_us.unwrap_or(0).saturating_add(us));
-    }
-}
-
-impl Engine {
-    fn package_target(&self, language: &str) -> Result<Target, String> {
-        let resolved = self.language_table().resolve(language)?;
-        self.packages().target(&resolved)
-    }
-
-    /// What installing `reqs` for `language` would install, names and versions with
-    /// dependencies, without installing (for a human to approve). Cached sets answer
-    /// without the network.
-    pub async fn resolve_packages(
-        &self,
-        language: &str,
-        reqs: &[String],
-    ) -> Result<Vec<Package>, String> {
-        let target = self.package_target(language)?;
-        let store = self.packages().store()?;
-        store
-            .resolve(&target, reqs)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    /// Whether `reqs` for `language` are already installed (no installer would run).
-    pub fn packages_cached(&self, language: &str, reqs: &[String]) -> bool {
-        match (self.package_target(language), self.packages().store()) {
-            (Ok(t), Ok(s)) => s.is_cached(&t, reqs),
-            _ => false,
-        }
-    }
-
-    /// Cached layers, most recently used first; `language` filters by its ecosystem.
-    pub fn package_layers(&self, language: Option<&str>) -> Vec<LayerInfo> {
-        let eco = match language {
-            Some(l) => match Ecosystem::for_language(l) {
-                Some(e) => Some(e),
-                None => return Vec::new(),
-            },
-            None => None,
-        };
-        self.packages()
-            .store()
-            .map(|s| s.layers(eco))
-            .unwrap_or_default()
     }
 }
