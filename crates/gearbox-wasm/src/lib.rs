@@ -3,11 +3,10 @@
 //!
 //! It owns the engine and the compiled module (compiled once per process or loaded from a
 //! cache gearbox wrote, [`module`]), the per-run store with its limits and capped pipes
-//! ([`sandbox`]), the epoch ticker that enforces deadlines, and the seam for host functions
-//! ([`host`]). It must not know about MCP, gears or the other backends; the guest's JavaScript
+//! ([`sandbox`]) and the epoch ticker that enforces deadlines. The guest imports nothing but
+//! WASI p1. It must not know about MCP, gears or the other backends; the guest's JavaScript
 //! API is documented in `guest/quickjs/src/main.rs` and `docs/WASM.md`.
 
-pub(crate) mod host;
 pub mod module;
 mod pipe;
 pub mod sandbox;

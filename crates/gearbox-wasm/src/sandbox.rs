@@ -19,11 +19,11 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
+use crate::WasmError;
 use crate::module::{self, ModuleSource};
 use crate::pipe::CappedPipe;
 use crate::ticker::Ticker;
 use crate::workspace::Workspace;
-use crate::{WasmError, host};
 
 /// Table elements the guest may grow to (QuickJS uses a fixed function table).
 const MAX_TABLE_ELEMENTS: usize = 100_000;
@@ -67,9 +67,6 @@ pub(crate) struct RunState {
     deadline: Instant,
     cancel: Arc<AtomicBool>,
     expired: Option<Expired>,
-    /// The seam for host functions (the broker SDK); see [`crate::host`].
-    #[allow(dead_code)]
-    pub(crate) host: host::HostState,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -175,7 +172,6 @@ fn instance_pre(engine: &Engine, module: &Module) -> Result<InstancePre<RunState
     let mut linker: Linker<RunState> = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut RunState| &mut s.wasi)
         .map_err(|e| WasmError::Link(e.to_string()))?;
-    host::add_to_linker(&mut linker).map_err(|e| WasmError::Link(e.to_string()))?;
     linker
         .instantiate_pre(module)
         .map_err(|e| WasmError::Link(e.to_string()))
@@ -200,7 +196,6 @@ fn emit_prelude(engine: &Engine, pre: &InstancePre<RunState>) -> Result<String, 
         deadline: Instant::now() + Duration::from_secs(60),
         cancel: Arc::new(AtomicBool::new(false)),
         expired: None,
-        host: host::HostState::default(),
     };
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limiter);
@@ -427,7 +422,6 @@ impl Inner {
             deadline: Instant::now() + timeout,
             cancel,
             expired: None,
-            host: host::HostState::default(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
