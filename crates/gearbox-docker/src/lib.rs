@@ -7,11 +7,13 @@
 //!
 //! It must not read configuration files (the engine passes [`DockerConfig`]), nor pull images.
 
+mod client;
 pub mod config;
 mod probe;
 pub mod reap;
 mod sandbox;
 
+pub use client::connect;
 pub use config::{DockerConfig, DockerImage};
 pub use probe::probe;
-pub use sandbox::{DockerSandbox, SECCOMP_PROFILE, connect, program_command, workspace_tar};
+pub use sandbox::{DockerSandbox, SECCOMP_PROFILE, program_command, workspace_tar};

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use gearbox_core::{BackendKind, BackendReport};
 
+use crate::client::connect;
 use crate::config::DockerConfig;
-use crate::sandbox::connect;
 
 /// Probe the engine. Runs on a thread of its own with its own runtime, so it works from
 /// synchronous code and from inside a tokio runtime alike.

@@ -37,6 +37,7 @@ use gearbox_core::{
 use tokio::io::AsyncWriteExt;
 use tokio::sync::OnceCell;
 
+use crate::client::connect;
 use crate::config::{DockerConfig, DockerImage};
 use crate::reap::{self, Owner};
 
@@ -50,10 +51,6 @@ const GO_WRAPPER: &str = "read -r _ || exit 125; exec \"$@\"";
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// How long after the deadline's kill the run gives up waiting for the engine.
 const KILL_GRACE: Duration = Duration::from_secs(10);
-/// Request timeout of the engine client: the longest run plus its set-up.
-const CLIENT_TIMEOUT_SECS: u64 = 3600;
-/// How long `probe` waits for the engine.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The `docker` backend. Cheap to create: it connects, negotiates the API version and reaps
 /// orphaned containers on first use (and again after a failed connection).
@@ -356,21 +353,6 @@ impl Sandbox for DockerSandbox {
     fn probe(&self) -> BackendReport {
         crate::probe::probe(&self.config)
     }
-}
-
-/// Connect to `host` and negotiate the API version down to what the engine speaks (bollard's
-/// default is newer than Debian's engine, API 1.41, and every call would fail without this).
-pub async fn connect(host: &str) -> Result<Docker, String> {
-    let docker = if let Some(path) = host.strip_prefix("unix://") {
-        Docker::connect_with_unix(path, CLIENT_TIMEOUT_SECS, bollard::API_DEFAULT_VERSION)
-    } else {
-        Docker::connect_with_http(host, CLIENT_TIMEOUT_SECS, bollard::API_DEFAULT_VERSION)
-    }
-    .map_err(|e| format!("no Docker engine at {host}: {e}"))?;
-    tokio::time::timeout(PROBE_TIMEOUT, docker.negotiate_version())
-        .await
-        .map_err(|_| format!("the Docker engine at {host} did not answer within 5 s"))?
-        .map_err(|e| format!("the Docker engine at {host} does not answer: {e}"))
 }
 
 /// The container of one run.
