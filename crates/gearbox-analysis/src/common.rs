@@ -1,6 +1,8 @@
 //! What every language analyser shares: the finding sink, the tree walk, the workspace path
 //! rule, and the analysis of a command line (argv), which Bash uses for every command and the
-//! other languages for the programs they start.
+//! other languages for the programs they start. Code nested in a command line (`sh -c '…'`,
+//! `python3 -c '…'`) goes back to the language analysers through the sink's [`Analysers`],
+//! which the dispatch (`analyze.rs`) sets.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -16,9 +18,29 @@ const MAX_NESTING: u8 = 4;
 /// How long a quoted snippet in a finding may be, in characters.
 const SNIPPET_CHARS: usize = 60;
 
+/// A language whose code can be nested in a string of another's (`python3 -c '…'`,
+/// `sh -c '…'`, `node -e '…'`) and is then parsed in turn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum NestedLang {
+    Python,
+    JavaScript,
+    Bash,
+}
+
+/// The language analysers as the command-line analysis here reaches them: it parses code
+/// nested in strings and looks up Python's module rules, but the analysers use this module,
+/// so it cannot name them. The dispatch hands them to every [`Sink`].
+pub(crate) struct Analysers {
+    /// Analyses `src`, handed to `lang`'s interpreter, into the sink.
+    pub nested: fn(NestedLang, &mut Sink, &str),
+    /// The rule of a Python module (`python3 -m <module>`).
+    pub python_module: fn(&str) -> Option<Rule>,
+}
+
 /// Collects the findings of one file.
 pub(crate) struct Sink<'f> {
     file: &'f str,
+    analysers: &'static Analysers,
     pub findings: Vec<Finding>,
     pub parse_errors: bool,
     /// Parsing was cancelled at the deadline.
@@ -33,9 +55,10 @@ pub(crate) struct Sink<'f> {
 }
 
 impl<'f> Sink<'f> {
-    pub fn new(file: &'f str, deadline: Instant) -> Sink<'f> {
+    pub fn new(file: &'f str, deadline: Instant, analysers: &'static Analysers) -> Sink<'f> {
         Sink {
             file,
+            analysers,
             findings: Vec::new(),
             parse_errors: false,
             timed_out: false,
@@ -91,6 +114,11 @@ impl<'f> Sink<'f> {
     /// Marks a module rule reported; false if it already was.
     pub fn first_report(&mut self, rule: &'static str) -> bool {
         self.reported.insert(rule)
+    }
+
+    /// Analyses `src` as `lang` code (call it inside [`Sink::nested`]).
+    pub fn analyse_nested(&mut self, lang: NestedLang, src: &str) {
+        (self.analysers.nested)(lang, self, src);
     }
 
     /// Runs `f` for a string found at `at` that `by` hands to another analyser. Returns false
@@ -393,13 +421,13 @@ const INSTALLERS: &[(&str, &[&str])] = &[
 const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ksh", "ash", "fish", "busybox"];
 
 /// Interpreters whose `-c`/`-e` code this crate can parse, and the language.
-const INTERPRETERS: &[(&str, &str, &str)] = &[
-    ("python", "-c", "python"),
-    ("python3", "-c", "python"),
-    ("python2", "-c", "python"),
-    ("node", "-e", "javascript"),
-    ("nodejs", "-e", "javascript"),
-    ("deno", "eval", "javascript"),
+const INTERPRETERS: &[(&str, &str, NestedLang)] = &[
+    ("python", "-c", NestedLang::Python),
+    ("python3", "-c", NestedLang::Python),
+    ("python2", "-c", NestedLang::Python),
+    ("node", "-e", NestedLang::JavaScript),
+    ("nodejs", "-e", NestedLang::JavaScript),
+    ("deno", "eval", NestedLang::JavaScript),
 ];
 
 /// Interpreters whose inline code this crate cannot parse.
@@ -577,7 +605,7 @@ pub(crate) fn command(sink: &mut Sink, at: (u32, u32), argv: &[Word], stdin: Std
                     format!("runs `{name} -m {module} install`"),
                 );
             }
-        } else if let Some(rule) = crate::python::module_rule(module) {
+        } else if let Some(rule) = (sink.analysers.python_module)(module) {
             sink.add_at(
                 at,
                 rule.category,
@@ -606,7 +634,7 @@ pub(crate) fn command(sink: &mut Sink, at: (u32, u32), argv: &[Word], stdin: Std
         shell(sink, at, name, args, stdin);
     }
     if let Some((_, flag, lang)) = INTERPRETERS.iter().find(|(n, _, _)| *n == name) {
-        interpreter(sink, at, name, args, flag, lang, stdin);
+        interpreter(sink, at, name, args, flag, *lang, stdin);
     }
     if let Some((_, flag)) = OTHER_INTERPRETERS.iter().find(|(n, _)| *n == name)
         && (flag.is_empty() || lits.contains(&Some(flag)))
@@ -668,7 +696,7 @@ fn shell(sink: &mut Sink, at: (u32, u32), name: &str, args: &[Word], stdin: &Std
                     Some(Word::Lit(code)) => {
                         let code = code.clone();
                         let by = format!("`{name} -c`");
-                        if !sink.nested(at, &by, |s| crate::bash::analyse_nested(s, &code)) {
+                        if !sink.nested(at, &by, |s| s.analyse_nested(NestedLang::Bash, &code)) {
                             too_deep(sink, at);
                         }
                     }
@@ -696,11 +724,11 @@ fn shell(sink: &mut Sink, at: (u32, u32), name: &str, args: &[Word], stdin: &Std
             }
         }
     }
-    stdin_code(sink, at, name, "bash", stdin);
+    stdin_code(sink, at, name, NestedLang::Bash, stdin);
 }
 
 /// A shell or interpreter that reads its program from standard input.
-fn stdin_code(sink: &mut Sink, at: (u32, u32), name: &str, lang: &str, stdin: &Stdin) {
+fn stdin_code(sink: &mut Sink, at: (u32, u32), name: &str, lang: NestedLang, stdin: &Stdin) {
     match stdin {
         Stdin::Plain => {}
         Stdin::Piped => sink.add_at(
@@ -711,10 +739,8 @@ fn stdin_code(sink: &mut Sink, at: (u32, u32), name: &str, lang: &str, stdin: &S
         ),
         Stdin::Here(code) => {
             let code = code.clone();
-            let ok = sink.nested(at, &format!("`{name}` reads"), |s| match lang {
-                "python" => crate::python::analyse(s, &code),
-                "javascript" => crate::javascript::analyse(s, &code),
-                _ => crate::bash::analyse_nested(s, &code),
+            let ok = sink.nested(at, &format!("`{name}` reads"), |s| {
+                s.analyse_nested(lang, &code)
             });
             if !ok {
                 too_deep(sink, at);
@@ -730,7 +756,7 @@ fn interpreter(
     name: &str,
     args: &[Word],
     flag: &str,
-    lang: &str,
+    lang: NestedLang,
     stdin: &Stdin,
 ) {
     let mut i = 0;
@@ -741,10 +767,7 @@ fn interpreter(
                     Some(Word::Lit(code)) => {
                         let code = code.clone();
                         let by = format!("`{name} {a}`");
-                        let ok = sink.nested(at, &by, |s| match lang {
-                            "python" => crate::python::analyse(s, &code),
-                            _ => crate::javascript::analyse(s, &code),
-                        });
+                        let ok = sink.nested(at, &by, |s| s.analyse_nested(lang, &code));
                         if !ok {
                             too_deep(sink, at);
                         }
@@ -820,7 +843,7 @@ pub(crate) fn shell_string(sink: &mut Sink, at: (u32, u32), cmd: &Value, via: &s
                 format!("runs shell command `{}` ({via})", snippet(code)),
             );
             let code = code.to_string();
-            if !sink.nested(at, via, |s| crate::bash::analyse_nested(s, &code)) {
+            if !sink.nested(at, via, |s| s.analyse_nested(NestedLang::Bash, &code)) {
                 too_deep(sink, at);
             }
         }
@@ -867,6 +890,12 @@ pub(crate) fn find_rule(rules: &'static [Rule], name: &str, seps: &[char]) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Analysers that find nothing, for sinks that parse one file.
+    static NO_ANALYSERS: Analysers = Analysers {
+        nested: |_, _, _| {},
+        python_module: |_| None,
+    };
 
     #[test]
     fn workspace_paths() {
@@ -920,7 +949,7 @@ mod tests {
         let src = "x = [1, 2, 3]\n".repeat(10_000);
         let deadline = Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let mut sink = Sink::new("main.py", deadline);
+        let mut sink = Sink::new("main.py", deadline, &NO_ANALYSERS);
         assert!(
             sink.parse(tree_sitter_python::LANGUAGE.into(), &src)
                 .is_none()
@@ -929,6 +958,7 @@ mod tests {
         let mut sink = Sink::new(
             "main.py",
             Instant::now() + std::time::Duration::from_secs(60),
+            &NO_ANALYSERS,
         );
         assert!(
             sink.parse(tree_sitter_python::LANGUAGE.into(), &src)

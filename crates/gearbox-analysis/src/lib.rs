@@ -1,6 +1,6 @@
 //! gearbox-analysis: static analysis of submitted code, as advice to the safety gears.
 //!
-//! [`analyze`] parses each file with a real parser (tree-sitter with the Python, JavaScript,
+//! [`analyze()`] parses each file with a real parser (tree-sitter with the Python, JavaScript,
 //! Bash and Go grammars) and reports what the code looks like it does: talk to the network,
 //! run other programs, load native code, evaluate code built at run time, write files outside
 //! the workspace, or install packages. Names are resolved through aliases (`import requests
@@ -34,6 +34,7 @@
 //! only network commands, package installs, dynamic evaluation (`eval`, `source "$f"`,
 //! `bash -c "$x"`, a shell fed by a pipe) and writes outside the workspace are.
 
+mod analyze;
 mod bash;
 mod common;
 mod go;
@@ -41,11 +42,13 @@ mod javascript;
 mod python;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gearbox_core::Capability;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+pub use analyze::analyze;
 
 /// Files larger than this (in bytes) are not analysed: the whole analysis then reports
 /// `analysed: false`. 1 MiB is far more than any hand-written snippet and bounds parse time
@@ -225,85 +228,6 @@ impl Analysis {
 
 /// The languages this crate can analyse (names as in `languages.toml`).
 pub const LANGUAGES: [&str; 4] = ["python", "javascript", "go", "bash"];
-
-/// Which analyser reads a file: by its extension when it names an analysed language, the
-/// submission's language when it has no extension, none otherwise (data files).
-fn language_of<'a>(path: &str, default: &'a str) -> Option<&'a str> {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    match name.rsplit_once('.') {
-        None => Some(default),
-        Some((_, ext)) => match ext {
-            "py" | "pyw" => Some("python"),
-            "js" | "mjs" | "cjs" => Some("javascript"),
-            "go" => Some("go"),
-            "sh" | "bash" => Some("bash"),
-            _ => None,
-        },
-    }
-}
-
-/// Analyses a submission: `files` are (path, source) pairs, `language` the submission's
-/// language as named in `languages.toml` (`python`, `javascript`, `go`, `bash`). Another
-/// language gives an analysis with `analysed: false`. Never panics.
-///
-/// Each file is read by the analyser its extension names (`.py`, `.js`/`.mjs`/`.cjs`, `.go`,
-/// `.sh`/`.bash`), a file without extension by the submission's language, and files with
-/// other extensions (data) are skipped.
-pub fn analyze(language: &str, files: &[(&str, &str)]) -> Analysis {
-    if !LANGUAGES.contains(&language) {
-        return Analysis::not_analysed(format!(
-            "no analyser for language {language:?} (analysed: {})",
-            LANGUAGES.join(", ")
-        ));
-    }
-    if let Some((path, src)) = files.iter().find(|(_, src)| src.len() > MAX_FILE_BYTES) {
-        return Analysis::not_analysed(format!(
-            "file {path:?} has {} bytes, more than the {MAX_FILE_BYTES} analysed",
-            src.len()
-        ));
-    }
-    let deadline = Instant::now() + MAX_PARSE_TIME;
-    let mut findings = Vec::new();
-    let mut parse_errors = false;
-    for (path, src) in files {
-        let Some(lang) = language_of(path, language) else {
-            continue;
-        };
-        let mut sink = common::Sink::new(path, deadline);
-        match lang {
-            "python" => python::analyse(&mut sink, src),
-            "javascript" => javascript::analyse(&mut sink, src),
-            "go" => go::analyse(&mut sink, src),
-            _ => bash::analyse(&mut sink, src),
-        }
-        if sink.timed_out {
-            return Analysis::not_analysed(format!(
-                "parsing took longer than {} ms (stopped at {path:?})",
-                MAX_PARSE_TIME.as_millis()
-            ));
-        }
-        parse_errors |= sink.parse_errors;
-        findings.extend(sink.findings);
-    }
-    findings.sort_by(|a, b| {
-        (&a.file, a.line, a.column, a.category, &a.what)
-            .cmp(&(&b.file, b.line, b.column, b.category, &b.what))
-    });
-    findings.dedup();
-    let mut risk = findings.iter().map(|f| f.risk).max().unwrap_or(Risk::Low);
-    if parse_errors {
-        risk = risk.max(Risk::Medium);
-    }
-    let needs = findings.iter().filter_map(|f| f.capability).collect();
-    Analysis {
-        analysed: true,
-        risk,
-        needs,
-        findings,
-        parse_errors,
-        reason: None,
-    }
-}
 
 #[cfg(test)]
 mod tests {
