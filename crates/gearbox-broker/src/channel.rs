@@ -174,40 +174,9 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> BrokerError {
     BrokerError::Io(format!("{what} {}: {e}", path.display()))
 }
 
-/// The sandbox user must be able to walk down to `root` to reach the SDK and the socket
-/// that a run's mount exposes. `root`'s parent, when this server owns it (the shared state
-/// directory, `/run/gearbox` as root), is made traversable (0711) if something created it
-/// private; any other ancestor that is not traversable is a clear error, not a program that
-/// cannot import its SDK. Only as root: unprivileged, the sandbox user is this server's own
-/// uid.
 fn reachable_by_sandbox(root: &Path) -> Result<(), BrokerError> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Ok(());
-    }
-    if let Some(parent) = root.parent() {
-        let meta = std::fs::metadata(parent).map_err(|e| io("inspecting", parent, e))?;
-        if meta.uid() == 0 && meta.mode() & 0o011 != 0o011 {
-            let mode = (meta.mode() & 0o7777) | 0o711;
-            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| io("chmod", parent, e))?;
-        }
-    }
-    for dir in root.ancestors() {
-        let meta = std::fs::metadata(dir).map_err(|e| io("inspecting", dir, e))?;
-        if meta.mode() & 0o001 == 0 {
-            return Err(BrokerError::Io(format!(
-                "{} (mode {:o}) cannot be traversed by the sandbox user, so runs could not \
-                 reach the broker's SDK and socket under {}; allow it (chmod o+x) or set the \
-                 broker's runtime directory elsewhere",
-                dir.display(),
-                meta.mode() & 0o7777,
-                root.display()
-            )));
-        }
-    }
-    Ok(())
+    gearbox_core::rundir::reachable_by_sandbox(root, "the broker's SDK and socket")
+        .map_err(BrokerError::Io)
 }
 
 fn write_ro(path: &Path, text: &str) -> Result<(), BrokerError> {
@@ -363,43 +332,7 @@ impl Drop for RunChannel {
     }
 }
 
-/// Who may reach a run's socket: the server's uid, and the sandbox's host uid (root only).
-#[derive(Debug, Clone, Copy)]
-struct Access {
-    server_uid: u32,
-    /// The sandbox's host uid and gid when it differs from the server's (root).
-    sandbox: Option<u32>,
-}
-
-impl Access {
-    fn of_server() -> Access {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let server_uid = unsafe { libc::geteuid() };
-        Access {
-            server_uid,
-            sandbox: (server_uid == 0).then_some(gearbox_core::SANDBOX_HOST_ID),
-        }
-    }
-
-    /// Give `path` `owner_mode` for the server and, as root, the same minus write-on-dirs
-    /// for the sandbox's group (a directory `0700` becomes `0710`, a socket `0600` `0660`).
-    fn restrict(&self, path: &Path, owner_mode: u32) -> std::io::Result<()> {
-        let mode = match self.sandbox {
-            Some(gid) => {
-                std::os::unix::fs::chown(path, None, Some(gid))?;
-                let group = if path.is_dir() { 0o010 } else { 0o060 };
-                owner_mode | group
-            }
-            None => owner_mode,
-        };
-        // Modes from DirBuilder/bind are masked by the umask; set them exactly.
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-    }
-
-    fn admits(&self, uid: u32) -> bool {
-        uid == self.server_uid || Some(uid) == self.sandbox
-    }
-}
+use gearbox_core::rundir::RunAccess as Access;
 
 async fn serve(listener: UnixListener, state: Arc<RunState>, access: Access) {
     let mut conns = JoinSet::new();

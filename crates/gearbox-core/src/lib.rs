@@ -10,8 +10,10 @@ pub mod gear;
 pub mod language;
 pub mod limits;
 pub mod names;
+pub mod network;
 pub mod outcome;
 pub mod request;
+pub mod rundir;
 pub mod sandbox;
 pub mod tree;
 
@@ -20,6 +22,9 @@ pub use gear::{Capability, Gear};
 pub use language::{LanguageSpec, LanguageTable, ResolvedLanguage};
 pub use limits::{LimitOverrides, Limits};
 pub use names::{NameError, validate_relative_path};
+pub use network::{
+    EGRESS_PROXY_PORT, EgressHost, EgressLedger, EgressRefusal, HostPattern, Network,
+};
 pub use outcome::{Outcome, ResourceUsage, Status};
 pub use request::{Encoding, ExecRequest, FileInput, Job, JobFile, LAUNCHER_PATH, SANDBOX_HOST_ID};
 pub use sandbox::{BackendKind, BackendReport, CollectFuture, RunFuture, Sandbox, SandboxError};

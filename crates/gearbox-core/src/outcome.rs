@@ -84,6 +84,9 @@ pub struct Outcome {
     pub language: String,
     /// Backend that ran it (`linux`, `process`, `wasm`, ...).
     pub backend: String,
+    /// A granted run's traffic as the egress proxy saw it: hosts reached, bytes, refusals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::EgressLedger>,
 }
 
 impl Outcome {
@@ -111,6 +114,7 @@ impl Outcome {
             reason: Some(reason.into()),
             language: language.to_string(),
             backend: backend.to_string(),
+            egress: None,
         }
     }
 
@@ -174,6 +178,7 @@ mod tests {
             reason: None,
             language: "python".into(),
             backend: "linux".into(),
+            egress: None,
         }
     }
 

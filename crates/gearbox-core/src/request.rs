@@ -58,8 +58,8 @@ pub struct ExecRequest {
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub limits: LimitOverrides,
-    /// Whether the run asks for network access (granted only by policy).
-    pub network: bool,
+    /// The network the run asks for (granted only by policy; after the gear, what it gets).
+    pub network: crate::Network,
     /// Host paths the server (never the caller) mounts read-only at the same place: package
     /// layers, the broker's per-run socket directory.
     pub mounts: Vec<PathBuf>,
@@ -98,7 +98,9 @@ pub struct Job {
     pub limits: Limits,
     /// Host paths to mount read-only at the same place (interpreter prefixes and the like).
     pub mounts: Vec<PathBuf>,
-    pub network: bool,
+    /// A granted run's egress proxy socket (its directory is in `mounts`): the sandbox
+    /// relays `127.0.0.1:`[`crate::EGRESS_PROXY_PORT`] to it. `None`: no network at all.
+    pub egress: Option<PathBuf>,
 }
 
 impl Job {
@@ -188,7 +190,7 @@ impl Job {
                 .chain(req.mounts.iter())
                 .cloned()
                 .collect(),
-            network: req.network,
+            egress: None,
         })
     }
 }

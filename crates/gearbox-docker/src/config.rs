@@ -36,9 +36,6 @@ pub struct DockerConfig {
     pub gid: u32,
     /// CPU share of one run in thousandths of a core (CFS quota). Default 1000: one core.
     pub cpu_millicores: u64,
-    /// Docker network a run joins when policy grants it network access (`Job.network`);
-    /// every other run has `none`. Default `bridge`.
-    pub network: String,
     /// Run `docker-init` (tini) as PID 1 so signals and orphans behave as on a host.
     /// Default true.
     pub init: bool,
@@ -95,7 +92,6 @@ impl Default for DockerConfig {
             uid: DEFAULT_UID,
             gid: DEFAULT_UID,
             cpu_millicores: 1000,
-            network: "bridge".to_string(),
             init: true,
         }
     }

@@ -1,7 +1,8 @@
 //! gearbox-docker: the `docker` backend. Each run gets a fresh container from a per-language
 //! image (configured under `[docker.images]`), created through the Docker Engine API with
-//! memory, CPU, pids and file limits, a read-only root, a tmpfs workspace, no network unless
-//! policy grants it, no capabilities, `no-new-privileges`, a seccomp profile and a non-root
+//! memory, CPU, pids and file limits, a read-only root, a tmpfs workspace, no network (a
+//! run granted network is refused: only the linux backend confines one to the egress
+//! proxy), no capabilities, `no-new-privileges`, a seccomp profile and a non-root
 //! user. Files go in as a tar stream (no bind mounts); the container is removed before the
 //! run's answer, and containers of dead gearbox processes are reaped on start-up.
 //!

@@ -80,7 +80,7 @@ async fn probe_async(config: &DockerConfig) -> Result<(bool, Vec<String>), Strin
     }
     details.push(
         "per run: fresh container, memory = memory+swap limit, CPU quota, pids limit, \
-         read-only root, tmpfs workspace and /tmp, network none (unless granted), all \
+         read-only root, tmpfs workspace and /tmp, network none (a granted run is refused), all \
          capabilities dropped, no-new-privileges, seccomp deny list, non-root user, removed \
          after the run; orphans of dead gearbox processes reaped at start-up"
             .to_string(),

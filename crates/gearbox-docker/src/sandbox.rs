@@ -96,6 +96,14 @@ impl DockerSandbox {
     }
 
     async fn run_job(&self, job: Job) -> Result<Outcome, SandboxError> {
+        // A container joins no network: a docker network would reach the host's bridge and
+        // private ranges, and nothing here confines it to the egress proxy.
+        if job.egress.is_some() {
+            return Err(SandboxError::Unavailable(
+                "the docker backend grants no network; runs with network use the linux backend"
+                    .into(),
+            ));
+        }
         let image = self.config.images.get(&job.language).ok_or_else(|| {
             SandboxError::Unavailable(format!(
                 "the docker backend has no image for {lang}: add [docker.images.{lang}] \
@@ -287,6 +295,7 @@ impl DockerSandbox {
             reason: None,
             language: job.language.clone(),
             backend: BackendKind::Docker.as_str().to_string(),
+            egress: None,
         };
         if timed_out {
             outcome.status = Status::Timeout;
@@ -408,11 +417,7 @@ fn container_body(
             "no-new-privileges:true".to_string(),
             format!("seccomp={SECCOMP_PROFILE}"),
         ]),
-        network_mode: Some(if job.network {
-            config.network.clone()
-        } else {
-            "none".to_string()
-        }),
+        network_mode: Some("none".to_string()),
         init: Some(config.init),
         ipc_mode: Some("private".to_string()),
         tmpfs: Some(HashMap::from([(
@@ -466,7 +471,7 @@ fn container_body(
         open_stdin: Some(true),
         stdin_once: Some(true),
         tty: Some(false),
-        network_disabled: Some(!job.network),
+        network_disabled: Some(true),
         host_config: Some(host_config),
         ..Default::default()
     }

@@ -507,17 +507,12 @@ except OSError as e:
 }
 
 #[tokio::test]
-async fn network_only_when_the_job_is_granted_it() {
+async fn a_job_with_network_is_refused() {
     let Some(sb) = backend().await else { return };
-    // Lists interfaces only: no traffic leaves the machine.
-    let code = "import os\nprint(sorted(os.listdir('/sys/class/net')))";
-    let mut j = job(code);
-    j.network = true;
-    let o = run(&sb, j).await;
-    assert_eq!(o.status, Status::Ok, "{o:?}");
-    assert!(o.stdout.contains("'eth0'"), "{o:?}");
-    let o = run(&sb, job(code)).await;
-    assert_eq!(o.stdout, "['lo']\n", "{o:?}");
+    let mut j = job("print(1)");
+    j.egress = Some("/run/gearbox/egress/x/proxy.sock".into());
+    let e = sb.run(j).await.expect_err("refused");
+    assert!(e.to_string().contains("grants no network"), "{e}");
 }
 
 #[tokio::test]

@@ -79,6 +79,9 @@ pub struct Config {
     pub sessions: SessionsConfig,
     /// `[sandbox]`: what the host must enforce for a run to start.
     pub sandbox: SandboxConfig,
+    /// `[network]`: how granted runs reach out (the egress proxy), which private ranges
+    /// they may reach, pinned names, and the most each gear may grant. See docs/NETWORK.md.
+    pub network: gearbox_egress::NetworkConfig,
 }
 
 /// `[sandbox]`: what a host must enforce before a run starts on it.
@@ -406,6 +409,7 @@ impl Default for Config {
             approvals: ApprovalsConfig::default(),
             sessions: SessionsConfig::default(),
             sandbox: SandboxConfig::default(),
+            network: gearbox_egress::NetworkConfig::default(),
         }
     }
 }
@@ -496,6 +500,7 @@ impl Config {
         config
             .docker
             .validate()
+            .and_then(|()| config.network.validate())
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,

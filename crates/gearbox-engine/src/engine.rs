@@ -20,6 +20,15 @@ struct PreparedRun {
     kind: BackendKind,
     job: Job,
     layer: Option<Layer>,
+    /// A granted run's egress proxy; its ledger becomes the outcome's `egress`.
+    egress: Option<gearbox_egress::RunEgress>,
+}
+
+/// Put the proxy's ledger on the outcome of a run that had one.
+fn account_egress(outcome: &mut Outcome, egress: Option<gearbox_egress::RunEgress>) {
+    if let Some(e) = egress {
+        outcome.egress = Some(e.finish());
+    }
 }
 
 /// A configured language as this host sees it.
@@ -43,6 +52,8 @@ pub struct Engine {
     resolved: Mutex<HashMap<String, Result<ResolvedLanguage, String>>>,
     backends: HashMap<BackendKind, Arc<dyn Sandbox>>,
     packages: crate::packages::Packages,
+    /// The egress proxy of granted runs; `Err` says why there is none (a bad `[network]`).
+    egress: Result<gearbox_egress::Egress, String>,
 }
 
 impl Engine {
@@ -66,7 +77,10 @@ impl Engine {
             BackendKind::Docker,
             Arc::new(gearbox_docker::DockerSandbox::new(config.docker.clone())),
         );
+        let egress = gearbox_egress::Egress::new(config.network.clone())
+            .map_err(|e| format!("no egress proxy: {e}"));
         let engine = Engine {
+            egress,
             packages,
             config,
             pool,
@@ -213,14 +227,61 @@ impl Engine {
             },
         };
         let layer = self.packages.attach(req, &resolved, kind.as_str()).await?;
-        let job = Job::build(req, &resolved, &self.config.limits)
+        let mut job = Job::build(req, &resolved, &self.config.limits)
             .map_err(|e| Outcome::denied(&lang, kind.as_str(), e))?;
+        let egress = self.attach_egress(req, kind, &mut job).map_err(|o| *o)?;
         Ok(PreparedRun {
             sandbox,
             kind,
             job,
             layer,
+            egress,
         })
+    }
+
+    /// A granted run (`req.network` as the gear left it) gets a proxy of its own: its socket's
+    /// directory is mounted, the sandbox relays `127.0.0.1:3128` to it, and the program's
+    /// environment points there. Only the `linux` backend can confine a run to the proxy;
+    /// the `process` backend isolates nothing (it has the host's network whatever the grant).
+    fn attach_egress(
+        &self,
+        req: &ExecRequest,
+        kind: BackendKind,
+        job: &mut Job,
+    ) -> Result<Option<gearbox_egress::RunEgress>, Box<Outcome>> {
+        if !req.network.is_on() || kind == BackendKind::Process {
+            return Ok(None);
+        }
+        if kind != BackendKind::Linux {
+            return Err(Box::new(Outcome::denied(
+                &req.language,
+                kind.as_str(),
+                format!(
+                    "the {kind} backend cannot confine a run to the egress proxy, so it grants \
+                     no network; runs with network use the linux backend"
+                ),
+            )));
+        }
+        let proxy = self
+            .egress
+            .as_ref()
+            .map_err(|e| Outcome::failed_to_start(&req.language, kind.as_str(), e.clone()))
+            .map_err(Box::new)?;
+        let run = proxy.open(req.network.clone()).map_err(|e| {
+            Box::new(Outcome::failed_to_start(
+                &req.language,
+                kind.as_str(),
+                format!("egress proxy: {e}"),
+            ))
+        })?;
+        job.mounts.push(run.dir().to_path_buf());
+        job.egress = Some(run.socket().to_path_buf());
+        // The caller's own settings (a `NO_PROXY` of its choosing) stay: whatever they say,
+        // the proxy is the only way out.
+        for (k, v) in gearbox_egress::RunEgress::env() {
+            job.env.entry(k).or_insert(v);
+        }
+        Ok(Some(run))
     }
 
     /// Run a request to completion. Every failure is an outcome: refusals are `denied`,
@@ -233,6 +294,7 @@ impl Engine {
         match run.sandbox.run(run.job).await {
             Ok(mut outcome) => {
                 crate::packages::account(&mut outcome, run.layer.as_ref());
+                account_egress(&mut outcome, run.egress);
                 outcome
             }
             Err(e) => {
@@ -260,6 +322,7 @@ impl Engine {
             kind,
             mut job,
             layer,
+            egress,
         } = match self.prepare(&mut req, backend).await {
             Ok(run) => run,
             Err(o) => return (o, None),
@@ -285,6 +348,7 @@ impl Engine {
         match sandbox.run_collecting(job, limits).await {
             Ok(mut done) => {
                 crate::packages::account(&mut done.0, layer.as_ref());
+                account_egress(&mut done.0, egress);
                 done
             }
             Err(e) => {

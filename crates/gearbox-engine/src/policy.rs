@@ -56,7 +56,7 @@ pub struct Evaluation {
 /// Capabilities a request asks for through its arguments.
 pub fn requested(req: &ExecRequest) -> BTreeSet<Capability> {
     let mut caps = BTreeSet::new();
-    if req.network {
+    if req.network.is_on() {
         caps.insert(Capability::Network);
     }
     if !req.packages.is_empty() {
@@ -180,6 +180,23 @@ fn refusal(
     text.trim_end().to_string()
 }
 
+/// Whether the network a call asks for is within what `gear` may grant (`[network]`'s
+/// per-gear caps); the refusal says what is over. `restricted` and `read_only` are left to
+/// [`evaluate`], which refuses any capability there with the findings.
+pub fn network_within_gear(
+    gear: Gear,
+    network: &gearbox_core::Network,
+    config: &gearbox_egress::NetworkConfig,
+) -> Result<(), String> {
+    if !network.is_on() || matches!(gear, Gear::ReadOnly | Gear::Restricted) {
+        return Ok(());
+    }
+    let cap = config.cap(gear)?;
+    network
+        .within(&cap)
+        .map_err(|e| format!("the {gear} gear cannot grant this network: {e} ([network] {gear})"))
+}
+
 /// `network`, `network and packages`, ...
 pub fn names(caps: &BTreeSet<Capability>) -> String {
     let v: Vec<&str> = caps.iter().map(|c| c.as_str()).collect();
@@ -194,6 +211,7 @@ pub fn names(caps: &BTreeSet<Capability>) -> String {
 pub fn question(
     language: &str,
     packages: &[String],
+    network: &gearbox_core::Network,
     caps: &BTreeSet<Capability>,
     analysis: &PolicyReport,
 ) -> String {
@@ -209,6 +227,13 @@ pub fn question(
             names(caps)
         )
     };
+    if caps.contains(&Capability::Network) && network.is_on() {
+        q.push_str(&format!(
+            "\nNetwork, through gearbox's egress proxy only (never the host's loopback or \
+             private networks): {}",
+            network.describe()
+        ));
+    }
     if caps.contains(&Capability::Packages) && !packages.is_empty() {
         q.push_str(&format!(
             "\nPackages to install (outside the sandbox, into a read-only layer): {}",
@@ -268,6 +293,10 @@ pub fn request_hash(req: &ExecRequest, caps: &BTreeSet<Capability>) -> String {
     }
     for p in &req.packages {
         field("package", p.as_bytes());
+    }
+    // The exact grant asked for: approving `pypi.org` is not approving any host.
+    for p in req.network.patterns() {
+        field("network", p.as_bytes());
     }
     let limits = serde_json::to_vec(&req.limits).unwrap_or_default();
     field("limits", &limits);
@@ -339,7 +368,7 @@ mod tests {
             eval(Gear::Restricted, &r).verdict,
             Verdict::Allow(BTreeSet::new())
         );
-        r.network = true;
+        r.network = gearbox_core::Network::Any;
         assert!(
             matches!(eval(Gear::Restricted, &r).verdict, Verdict::Deny(ref m) if m.contains("asked for"))
         );
@@ -357,7 +386,7 @@ mod tests {
         assert_eq!(e.verdict, Verdict::Allow(BTreeSet::new()));
         assert_eq!(e.report.detected, vec![Capability::Network]);
         assert!(e.report.granted.is_empty());
-        r.network = true;
+        r.network = gearbox_core::Network::Any;
         let e = eval(Gear::UserConfirmed, &r);
         assert_eq!(e.verdict, Verdict::Ask([Capability::Network].into()));
         let e = eval(
@@ -374,7 +403,7 @@ mod tests {
             eval(Gear::FullTrust, &r).verdict,
             Verdict::Allow(BTreeSet::new())
         );
-        r.network = true;
+        r.network = gearbox_core::Network::Any;
         assert_eq!(
             eval(Gear::FullTrust, &r).verdict,
             Verdict::Allow([Capability::Network].into())

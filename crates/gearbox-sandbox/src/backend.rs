@@ -153,7 +153,7 @@ pub(crate) fn spec_for(mode: Mode, job: &Job, pooled: Option<Pooled>) -> JailSpe
         },
         limits: job.limits,
         mounts: job.mounts.clone(),
-        network: job.network,
+        egress: job.egress.clone(),
         parent_pid: std::process::id() as i32,
         pooled,
         collect: None,
@@ -461,6 +461,7 @@ pub(crate) fn build_outcome(
             Mode::Linux => "linux".into(),
             Mode::Process => "process".into(),
         },
+        egress: None,
     })
 }
 

@@ -88,7 +88,7 @@ pub const IDLE_SHRINK: std::time::Duration = std::time::Duration::from_secs(60);
 /// limits baked in when they are built (memory, pids, disk); the others a run lowers at
 /// hand-over, and the slot is built with the configured defaults, the most a run may have.
 fn key(job: &Job) -> Option<String> {
-    if job.network {
+    if job.egress.is_some() {
         return None;
     }
     let forked = job

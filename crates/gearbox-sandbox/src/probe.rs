@@ -31,7 +31,7 @@ pub fn probe(helper: &Path, mode: Mode) -> BackendReport {
             ..Limits::default()
         },
         mounts: vec![],
-        network: false,
+        egress: None,
     };
     // Run on a private runtime in its own thread: callers may already be inside one.
     let result = std::thread::spawn(move || {

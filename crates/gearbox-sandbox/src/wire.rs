@@ -46,7 +46,10 @@ pub struct JailSpec {
     pub limits: Limits,
     /// Extra host paths bound read-only at the same place.
     pub mounts: Vec<PathBuf>,
-    pub network: bool,
+    /// A granted run: the egress proxy's socket (bound at the same path, inside `mounts`),
+    /// relayed to `127.0.0.1:3128` in the run's own network namespace. `None`: loopback only.
+    #[serde(default)]
+    pub egress: Option<PathBuf>,
     /// Pid of the server; the helper exits if its parent changes (server died).
     pub parent_pid: i32,
     /// A warm sandbox: build everything, then wait on stdin for a [`HandOver`].
@@ -292,7 +295,7 @@ mod proptests {
             ),
             (
                 proptest::collection::vec("/[a-z0-9/._-]{0,16}", 0..3),
-                any::<bool>(),
+                proptest::option::of("/[a-z0-9/._-]{1,16}"),
                 any::<i32>(),
                 pooled(),
                 proptest::option::of((any::<usize>(), any::<u64>())),
@@ -301,7 +304,7 @@ mod proptests {
             .prop_map(
                 |(
                     (mode, argv, env, files, limits),
-                    (mounts, network, parent_pid, pooled, collect),
+                    (mounts, egress, parent_pid, pooled, collect),
                 )| {
                     let spec = JailSpec {
                         mode,
@@ -313,7 +316,7 @@ mod proptests {
                             .collect(),
                         limits,
                         mounts: mounts.into_iter().map(PathBuf::from).collect(),
-                        network,
+                        egress: egress.map(PathBuf::from),
                         parent_pid,
                         pooled,
                         collect: collect.map(|(max_files, max_bytes)| CollectLimits {

@@ -658,7 +658,7 @@ mod tests {
         let req = ExecRequest {
             language: "python".into(),
             code: code.into(),
-            network: true,
+            network: gearbox_core::Network::Any,
             ..Default::default()
         };
         let caps: BTreeSet<_> = [Capability::Network].into();

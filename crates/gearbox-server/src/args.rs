@@ -13,6 +13,27 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+/// `network`: a yes/no, or the host patterns a run may reach.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum NetworkArg {
+    /// `true`: any public host; `false`: none.
+    Any(bool),
+    /// Only these hosts (`host`, `*.domain`, `host:port`).
+    Hosts(Vec<String>),
+}
+
+impl NetworkArg {
+    /// The network asked for; a bad pattern is an error naming it.
+    pub fn to_network(&self) -> Result<gearbox_core::Network, String> {
+        match self {
+            NetworkArg::Any(false) => Ok(gearbox_core::Network::Off),
+            NetworkArg::Any(true) => Ok(gearbox_core::Network::Any),
+            NetworkArg::Hosts(list) => gearbox_core::Network::hosts(list),
+        }
+    }
+}
+
 /// Arguments of `execute_code` (default and isolator profiles).
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -66,9 +87,13 @@ pub struct ExecuteCodeArgs {
     /// KiB of one tool result given to the code; a larger result becomes an artifact (the
     /// code gets a preview and its id). Only with `allow_tools`.
     pub max_output_kb: Option<u64>,
-    /// Ask for a working network for this run. The server's safety gear decides:
-    /// `restricted` refuses, `user_confirmed` asks a human, `full_trust` grants.
-    pub network: Option<bool>,
+    /// Network for this run: `true` (any public host), or the hosts the code needs
+    /// (`["pypi.org", "*.pythonhosted.org", "api.example.com:8443"]`; without a port, 80 and
+    /// 443). Traffic goes through the server's egress proxy (`HTTP_PROXY`/`HTTPS_PROXY` are
+    /// set); the host's loopback and private networks are never reachable. The safety gear
+    /// decides: `restricted` refuses, `user_confirmed` asks a human with the exact list,
+    /// `full_trust` grants.
+    pub network: Option<NetworkArg>,
     /// Run under a lower safety gear than the server's (`read_only`, `restricted`,
     /// `user_confirmed`, `full_trust`); a higher one is refused.
     #[allow(
@@ -338,6 +363,7 @@ pub(crate) mod proptests {
                 .prop_map(|b| ("backend", json!(b)))
                 .boxed(),
             any::<bool>().prop_map(|b| ("network", json!(b))).boxed(),
+            strings().prop_map(|v| ("network", json!(v))).boxed(),
             prop::sample::select(vec![
                 "read_only",
                 "restricted",

@@ -169,7 +169,9 @@ fn fill_policy(r: &mut Record, p: &PolicyReport) {
 
 /// Give the run what the gear granted.
 fn grant(req: &mut ExecRequest, caps: &BTreeSet<Capability>) {
-    req.network = caps.contains(&Capability::Network);
+    if !caps.contains(&Capability::Network) {
+        req.network = gearbox_core::Network::Off;
+    }
 }
 
 /// The `mcp_execution_errors_total` reason of an outcome that is not ok.
@@ -829,6 +831,15 @@ impl GearboxServer {
             Some(g) => g,
             None => server_gear,
         };
+        if let Err(reason) = policy::network_within_gear(
+            gear,
+            &plan.request.network,
+            &self.inner.engine.config().network,
+        ) {
+            return self
+                .gear_refusal(kind, info, &plan.request, backend, &report, reason, "auto")
+                .await;
+        }
         // Small programs (nearly every call) are parsed in place: a hand-off to the blocking
         // pool costs more than their parse.
         let req = &plan.request;
@@ -948,7 +959,8 @@ impl GearboxServer {
     ) -> Gate {
         let req = &plan.request;
         let backend = plan.backend;
-        let mut question = policy::question(&req.language, &req.packages, &caps, &report);
+        let mut question =
+            policy::question(&req.language, &req.packages, &req.network, &caps, &report);
         if caps.contains(&Capability::Packages) && !req.packages.is_empty() {
             // Validate before bothering a human, and show what would be installed.
             match self

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::approvals::OpView;
 use crate::args::{
-    ApprovalStatusArgs, CodeExecPythonArgs, ExecuteCodeArgs, NoArgs, RunJavascriptArgs,
+    ApprovalStatusArgs, CodeExecPythonArgs, ExecuteCodeArgs, NetworkArg, NoArgs, RunJavascriptArgs,
     SidecarExecuteArgs,
 };
 use crate::snippets;
@@ -69,8 +69,9 @@ of a stored snippet. The program runs with /work as its working directory (your 
 `additional_files` are there), /tmp for scratch, no network, and time and memory limits; \
 nothing persists between calls. Returns stdout, stderr, exit status and timing; \
 the call is an error when the program fails, times out or is refused. \
-The server's safety gear governs capabilities: pass `network: true` when the code needs the \
-network; depending on the gear the call is refused (with the analysis findings, so you can \
+The server's safety gear governs capabilities: when the code needs the network, pass \
+`network` with the hosts it needs (e.g. [\"pypi.org\"]) or `true` for any public host (it goes \
+through the server's egress proxy; HTTP_PROXY is set); depending on the gear the call is refused (with the analysis findings, so you can \
 rewrite the code), run, or put to a human (`status: pending_approval` with an \
 `operation_id`: once approved, call again with the same arguments plus `operation_id`, or \
 call `approval_status`). Read the resource gearbox://env for versions and limits.";
@@ -416,6 +417,11 @@ pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
             }
         }
     };
+    let network = match a.network.as_ref().map(NetworkArg::to_network) {
+        None => gearbox_core::Network::Off,
+        Some(Ok(n)) => n,
+        Some(Err(e)) => return refuse(e),
+    };
     Prepared::Run {
         request: ExecRequest {
             language,
@@ -430,7 +436,7 @@ pub fn prepare_execute_code(engine: &Engine, a: ExecuteCodeArgs) -> Prepared {
                 memory_mb: a.memory_mb,
                 ..Default::default()
             },
-            network: a.network.unwrap_or(false),
+            network,
             mounts: Vec::new(),
             packages: a.packages.unwrap_or_default(),
         },
@@ -544,7 +550,7 @@ pub fn with_policy(mut r: CallToolResult, policy: &PolicyReport) -> CallToolResu
         let asks: Vec<String> = missing
             .iter()
             .map(|c| match c {
-                Capability::Network => "`network: true`".to_string(),
+                Capability::Network => "`network` (the hosts it needs, or `true`)".to_string(),
                 Capability::Packages => "`packages`".to_string(),
                 Capability::Tools => "`allow_tools`".to_string(),
                 other => format!("`{}`", other.as_str()),

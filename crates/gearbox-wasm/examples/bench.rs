@@ -27,7 +27,7 @@ fn job() -> Job {
         stdin: Vec::new(),
         limits: Limits::default(),
         mounts: Vec::new(),
-        network: false,
+        egress: None,
     }
 }
 

@@ -308,7 +308,7 @@ fn probe_job() -> Job {
             ..Default::default()
         },
         mounts: Vec::new(),
-        network: false,
+        egress: None,
     }
 }
 
@@ -476,6 +476,7 @@ impl Inner {
             reason: None,
             language: lang.to_string(),
             backend: backend.to_string(),
+            egress: None,
         };
         match result {
             Ok(()) => outcome.exit_code = Some(0),

@@ -36,7 +36,7 @@ fn job(code: &str) -> Job {
             ..Limits::default()
         },
         mounts: Vec::new(),
-        network: false,
+        egress: None,
     }
 }
 

@@ -171,9 +171,11 @@ struct RunArgs {
     /// full_trust; overrides the configuration's `gear`.
     #[arg(long)]
     gear: Option<Gear>,
-    /// Ask for a working network for this run (the gear decides).
-    #[arg(long)]
-    network: bool,
+    /// Ask for network for this run (the gear decides): `--network` alone for any public
+    /// host, or `--network=pypi.org,*.pythonhosted.org` for those hosts only (a port with
+    /// `host:port`; without one, 80 and 443). Traffic goes through gearbox's egress proxy.
+    #[arg(long, value_name = "HOSTS", num_args = 0..=1, require_equals = true, default_missing_value = "*any*")]
+    network: Option<String>,
     /// A package the program imports, installed outside the sandbox into a cached layer
     /// (repeatable): `--package six`, `--package 'numpy==2.*'`, `--package is-number@^7`.
     #[arg(long = "package", short = 'p')]
@@ -388,6 +390,13 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn apply_gear(engine: &Engine, req: &mut ExecRequest, args: &RunArgs) -> Result<Option<Outcome>> {
     let gear = args.gear.unwrap_or(engine.config().gear);
     let backend = args.backend.unwrap_or(engine.config().backend);
+    if let Err(reason) = policy::network_within_gear(gear, &req.network, &engine.config().network) {
+        return Ok(Some(Outcome::denied(
+            &req.language,
+            backend.as_str(),
+            reason,
+        )));
+    }
     let eval = policy::evaluate(
         gear,
         policy::requested(req),
@@ -404,7 +413,13 @@ fn apply_gear(engine: &Engine, req: &mut ExecRequest, args: &RunArgs) -> Result<
             )));
         }
         Verdict::Ask(caps) => {
-            let question = policy::question(&req.language, &req.packages, &caps, &eval.report);
+            let question = policy::question(
+                &req.language,
+                &req.packages,
+                &req.network,
+                &caps,
+                &eval.report,
+            );
             match ask_terminal(&question)? {
                 Some(true) => caps,
                 Some(false) => {
@@ -433,7 +448,9 @@ fn apply_gear(engine: &Engine, req: &mut ExecRequest, args: &RunArgs) -> Result<
             }
         }
     };
-    req.network = caps.contains(&Capability::Network);
+    if !caps.contains(&Capability::Network) {
+        req.network = gearbox_core::Network::Off;
+    }
     Ok(None)
 }
 
@@ -506,6 +523,18 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
         Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
         None => Vec::new(),
     };
+    let network = match args.network.as_deref() {
+        None => gearbox_core::Network::Off,
+        Some("*any*") => gearbox_core::Network::Any,
+        Some(list) => {
+            let hosts: Vec<&str> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|h| !h.is_empty())
+                .collect();
+            gearbox_core::Network::hosts(&hosts).map_err(|e| anyhow::anyhow!("--{e}"))?
+        }
+    };
     let req = ExecRequest {
         language,
         code,
@@ -519,7 +548,7 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
             memory_mb: args.memory,
             ..Default::default()
         },
-        network: args.network,
+        network,
         mounts: Vec::new(),
         packages: args.packages.clone(),
     };

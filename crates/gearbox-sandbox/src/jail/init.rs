@@ -53,6 +53,11 @@ pub fn main(
             },
         );
     }
+    if let Some(socket) = &spec.egress
+        && let Err(e) = super::relay::start(socket, filters)
+    {
+        fail(&st_w, e);
+    }
     let run = match &spec.pooled {
         None => start_cold(spec, env, filters, have_cgroup, &st_w, t0),
         Some(pool) if pool.zygote => start_zygote(pool, env, &st_w, t0),
@@ -391,9 +396,7 @@ fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
     super::die_with_parent(0).step("tie init to helper")?;
     mount::build_root(spec, &files)?;
     nix::unistd::sethostname("gearbox").step("set hostname")?;
-    if !spec.network {
-        loopback_up().step("bring up loopback")?;
-    }
+    loopback_up().step("bring up loopback")?;
     Ok(())
 }
 

@@ -124,14 +124,15 @@ pub fn run(
     let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create sync pipe")?;
     let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create status pipe")?;
 
-    let mut flags = libc::CLONE_NEWUSER
+    // A network namespace of its own for every run, granted or not: the host's stack, its
+    // loopback services and abstract sockets are never in reach. A granted run reaches out
+    // only through the egress proxy relayed onto its own loopback (`relay.rs`).
+    let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS;
-    if !spec.network {
-        flags |= libc::CLONE_NEWNET;
-    }
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWNET;
     // SAFETY: the helper is single-threaded, so a clone without CLONE_VM is a fork: the child
     // gets a copy of this address space and may allocate. A null stack means "same stack
     // pointer, copied", exactly as fork(2).
@@ -191,11 +192,11 @@ pub fn run(
         return Err(e);
     }
     report.enforced.push(format!(
-        "namespaces: user (uid {SANDBOX_ID} -> host {outer_uid}), mount, pid, ipc, uts, cgroup{}",
-        if spec.network {
-            "; network: host (granted)"
+        "namespaces: user (uid {SANDBOX_ID} -> host {outer_uid}), mount, pid, ipc, uts, cgroup, net{}",
+        if spec.egress.is_some() {
+            " (loopback, egress proxy at 127.0.0.1:3128)"
         } else {
-            ", net (loopback only)"
+            " (loopback only)"
         }
     ));
 

@@ -22,6 +22,7 @@ mod memwatch;
 mod mount;
 mod process;
 mod program;
+mod relay;
 mod seccomp;
 
 use std::fs::File;

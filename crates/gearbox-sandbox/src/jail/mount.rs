@@ -32,7 +32,9 @@ const ETC_ENTRIES: &[&str] = &[
     "mime.types",
 ];
 /// Extra /etc entries a run with network access needs (DNS, TLS roots).
-const ETC_NETWORK_ENTRIES: &[&str] = &["resolv.conf", "ssl", "ca-certificates", "gai.conf"];
+/// Added for a granted run: the trust store, for TLS through the egress proxy. No resolver
+/// configuration: names are resolved by the proxy, never inside the sandbox.
+const ETC_NETWORK_ENTRIES: &[&str] = &["ssl", "ca-certificates"];
 /// Device nodes bound from the host.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 /// Limits of the run's user namespace (`/proc/sys/user`): how much of the host user's
@@ -78,7 +80,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     for dir in SYSTEM_DIRS {
         mirror(Path::new(dir), &inside(root, Path::new(dir)))?;
     }
-    build_etc(root, spec.network)?;
+    build_etc(root, spec.egress.is_some())?;
     build_proc(root, spec.pooled.as_ref().is_some_and(|p| p.zygote))?;
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;

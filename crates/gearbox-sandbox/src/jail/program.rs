@@ -152,7 +152,7 @@ pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
 }
 
 /// Empty the bounding and ambient sets and every capability set of this process.
-fn drop_capabilities() -> std::io::Result<()> {
+pub(super) fn drop_capabilities() -> std::io::Result<()> {
     for cap in 0..64 {
         // SAFETY: prctl(PR_CAPBSET_DROP, n) takes integers; EINVAL past the last cap ends it.
         if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } != 0 {

@@ -21,8 +21,8 @@ use serde_json::{Value, json};
 
 use crate::support::{TempDir, obj, structured, text};
 
-/// A host TCP service that answers every connection with `pong`: reachable only from a
-/// sandbox that was granted the network.
+/// A host TCP service on the host's loopback that answers every connection with `pong`:
+/// never reachable from a sandbox, granted or not (a granted run's proxy refuses it).
 struct Pong {
     port: u16,
 }
@@ -40,22 +40,25 @@ impl Pong {
     }
 }
 
-/// A program per language that connects to the host's `pong` service and prints what it
-/// got (or an error).
+/// A program per language that asks the run's egress proxy (`127.0.0.1:3128`, there only
+/// when network was granted) for the host's `pong` service and prints the first line of
+/// the answer: `HTTP/1.1 403 Forbidden` from a granted run (the host's loopback is never
+/// reachable, grant or not), `ERR` from a run without network.
 fn connect_code(language: &str, port: u16) -> String {
+    let req = format!("GET http://127.0.0.1:{port}/ HTTP/1.0\\r\\n\\r\\n");
     match language {
         "python" => format!(
-            "import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=3)\n    print(s.recv(16).decode().strip())\nexcept OSError as e:\n    print('ERR', e)\n"
+            "import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n    s.sendall(b'{req}')\n    print(s.recv(200).decode().splitlines()[0])\nexcept OSError as e:\n    print('ERR', e)\n"
         ),
         "javascript" => format!(
-            "const net = require('net');\nconst c = net.connect({port}, '127.0.0.1');\nc.on('data', d => {{ console.log(d.toString().trim()); c.destroy(); }});\nc.on('error', e => console.log('ERR', e.code));\n"
+            "const net = require('net');\nconst c = net.connect(3128, '127.0.0.1', () => c.write('{req}'));\nc.on('data', d => {{ console.log(d.toString().split('\\r\\n')[0]); c.destroy(); }});\nc.on('error', e => console.log('ERR', e.code));\n"
         ),
         "go" => format!(
-            "package main\n\nimport (\n\t\"bufio\"\n\t\"fmt\"\n\t\"net\"\n)\n\nfunc main() {{\n\tc, err := net.Dial(\"tcp\", \"127.0.0.1:{port}\")\n\tif err != nil {{\n\t\tfmt.Println(\"ERR\", err)\n\t\treturn\n\t}}\n\tl, _ := bufio.NewReader(c).ReadString('\\n')\n\tfmt.Print(l)\n}}\n"
+            "package main\n\nimport (\n\t\"bufio\"\n\t\"fmt\"\n\t\"net\"\n)\n\nfunc main() {{\n\tc, err := net.Dial(\"tcp\", \"127.0.0.1:3128\")\n\tif err != nil {{\n\t\tfmt.Println(\"ERR\", err)\n\t\treturn\n\t}}\n\tfmt.Fprint(c, \"{req}\")\n\tl, _ := bufio.NewReader(c).ReadString('\\n')\n\tfmt.Println(l[:len(l)-2])\n}}\n"
         ),
-        "bash" => {
-            format!("if exec 3<>/dev/tcp/127.0.0.1/{port}; then head -n1 <&3; else echo ERR; fi\n")
-        }
+        "bash" => format!(
+            "if exec 3<>/dev/tcp/127.0.0.1/3128; then printf '{req}' >&3; head -n1 <&3; else echo ERR; fi\n"
+        ),
         other => panic!("no program for {other}"),
     }
 }
@@ -317,7 +320,7 @@ async fn full_trust_grants_a_network_that_works_and_only_when_asked() {
         let v = structured(&r);
         assert_eq!(v["status"], "ok", "{lang}: {v}");
         assert!(
-            v["stdout"].as_str().unwrap_or("").contains("pong"),
+            v["stdout"].as_str().unwrap_or("").contains("403 Forbidden"),
             "{lang}: granted network must reach the host service: {v}"
         );
         assert_eq!(v["policy"]["granted"], json!(["network"]), "{lang}");
@@ -325,7 +328,7 @@ async fn full_trust_grants_a_network_that_works_and_only_when_asked() {
         let r = call(&s, "execute_code", json!({"language": lang, "code": code})).await;
         let v = structured(&r);
         assert!(
-            !v["stdout"].as_str().unwrap_or("").contains("pong"),
+            !v["stdout"].as_str().unwrap_or("").contains("403 Forbidden"),
             "{lang}: an ungranted network must not work: {v}"
         );
         assert_eq!(v["policy"]["granted"], json!([]), "{lang}");
@@ -376,7 +379,7 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
         let v = structured(&r);
         assert_eq!(v["status"], "ok", "{lang}: {v}");
         assert!(
-            v["stdout"].as_str().unwrap_or("").contains("pong"),
+            v["stdout"].as_str().unwrap_or("").contains("403 Forbidden"),
             "{lang}: {v}"
         );
         assert_eq!(v["policy"]["decided_by"], "human");
@@ -428,7 +431,7 @@ async fn user_confirmed_out_of_band_approve_reject_and_hash_binding() {
         structured(&r)["stdout"]
             .as_str()
             .unwrap_or("")
-            .contains("pong")
+            .contains("403 Forbidden")
     );
 
     // Hostile or unknown ids.
@@ -486,7 +489,7 @@ async fn user_confirmed_asks_about_high_risk_but_not_about_suspected_network() {
         assert_eq!(v["policy"]["detected"], json!(["network"]), "{lang}: {v}");
         assert_eq!(v["policy"]["granted"], json!([]), "{lang}: {v}");
         assert!(
-            text(&r).contains("call again with `network: true`"),
+            text(&r).contains("call again with `network` (the hosts it needs, or `true`)"),
             "{lang}: {}",
             text(&r)
         );
@@ -504,7 +507,10 @@ async fn elicitation_accept_decline_cancel() {
     let r = call(&s, "execute_code", args.clone()).await;
     let v = structured(&r);
     assert_eq!(v["status"], "ok", "{v}");
-    assert!(v["stdout"].as_str().unwrap_or("").contains("pong"), "{v}");
+    assert!(
+        v["stdout"].as_str().unwrap_or("").contains("403 Forbidden"),
+        "{v}"
+    );
     assert_eq!(v["policy"]["decided_by"], "elicitation");
     let asked = human.asked.lock().expect("lock").clone();
     assert_eq!(asked.len(), 1);
@@ -524,7 +530,7 @@ async fn elicitation_accept_decline_cancel() {
             v["reason"].as_str().unwrap_or("").contains(word),
             "{action:?}: {v}"
         );
-        assert!(!v["stdout"].as_str().unwrap_or("").contains("pong"));
+        assert!(!v["stdout"].as_str().unwrap_or("").contains("403 Forbidden"));
     }
 }
 
@@ -568,7 +574,10 @@ async fn stateless_input_required_elicitation() {
         assert_eq!(v["status"], expect, "{v}");
         assert_eq!(human.asked.lock().expect("lock").len(), 1);
         if approve {
-            assert!(v["stdout"].as_str().unwrap_or("").contains("pong"), "{v}");
+            assert!(
+                v["stdout"].as_str().unwrap_or("").contains("403 Forbidden"),
+                "{v}"
+            );
             // A forged request state is refused.
             let once = session
                 .peer()
@@ -588,7 +597,7 @@ async fn stateless_input_required_elicitation() {
                 .expect("call once");
             let text = format!("{once:?}");
             assert!(text.contains("denied"), "{text}");
-            assert!(!text.contains("pong"), "{text}");
+            assert!(!text.contains("403 Forbidden"), "{text}");
         }
     }
 }

@@ -13,5 +13,6 @@ mod escape;
 mod exec;
 mod fork_server;
 mod integrity;
+mod network;
 mod sessions;
 mod support;

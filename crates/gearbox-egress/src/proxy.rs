@@ -1,0 +1,724 @@
+//! The egress proxy: one listener per granted run, on a socket in a directory of its own
+//! that the sandbox sees through a bind mount (its relay forwards `127.0.0.1:3128` there).
+//!
+//! - `CONNECT host:port` (TLS and any other tunnel): the host must be in the run's grant,
+//!   every address it resolves to is checked (`addr.rs`) and the proxy connects to a
+//!   checked address itself. A TLS tunnel's ClientHello is read (never decrypted): a server
+//!   name (SNI) outside the grant ends the tunnel.
+//! - Plain HTTP (`GET http://host/...`): decided on the request's host the same way, then
+//!   forwarded over a connection of the proxy's.
+//! - Anything refused gets `403` naming the host and the rule, and lands in the run's
+//!   ledger; what passes is counted there (requests, bytes each way).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gearbox_core::rundir::{RunAccess, reachable_by_sandbox};
+use gearbox_core::{EGRESS_PROXY_PORT, EgressHost, EgressLedger, EgressRefusal, Network};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use ipnet::IpNet;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::NetworkConfig;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = BoxBody<Bytes, BoxError>;
+
+/// Hosts listed one by one in a ledger; the rest are summed under `(other hosts)`.
+const MAX_LEDGER_HOSTS: usize = 64;
+/// Refusals listed one by one; `refused_total` counts them all.
+const MAX_LEDGER_REFUSALS: usize = 64;
+/// Most bytes of a TLS ClientHello read before deciding on its server name.
+const MAX_CLIENT_HELLO: usize = 16 * 1024;
+
+struct Settings {
+    config: NetworkConfig,
+    allow_private: Vec<IpNet>,
+    root: PathBuf,
+}
+
+/// The proxy of one server: opens a listener per granted run.
+#[derive(Clone)]
+pub struct Egress {
+    settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for Egress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Egress")
+            .field("root", &self.settings.root)
+            .finish()
+    }
+}
+
+impl Egress {
+    pub fn new(config: NetworkConfig) -> Result<Egress, String> {
+        config.validate()?;
+        let allow_private = crate::addr::parse_allow_private(&config.allow_private)?;
+        let root = config.runtime_dir();
+        Ok(Egress {
+            settings: Arc::new(Settings {
+                config,
+                allow_private,
+                root,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &NetworkConfig {
+        &self.settings.config
+    }
+
+    /// Start serving one run granted `grant` (not [`Network::Off`]).
+    pub fn open(&self, grant: Network) -> Result<RunEgress, String> {
+        use std::os::unix::fs::DirBuilderExt;
+        if !grant.is_on() {
+            return Err("no network was granted".into());
+        }
+        let root = &self.settings.root;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(root)
+            .map_err(|e| format!("creating {}: {e}", root.display()))?;
+        reachable_by_sandbox(root, "the egress proxy's socket")?;
+        let dir = root.join(format!("run-{}", uuid::Uuid::new_v4().simple()));
+        let access = RunAccess::of_server();
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let state = Arc::new(RunState {
+            ledger: Mutex::new(Book::new(&grant)),
+            grant,
+            settings: self.settings.clone(),
+            permits: Arc::new(Semaphore::new(self.settings.config.max_connections)),
+            stop: tokio_util::sync::CancellationToken::new(),
+        });
+        // From here on, a failure removes the directory (Drop).
+        let mut run = RunEgress {
+            socket: dir.join("proxy.sock"),
+            dir,
+            state,
+            server: None,
+        };
+        access
+            .restrict(&run.dir, 0o700)
+            .map_err(|e| format!("restricting {}: {e}", run.dir.display()))?;
+        let listener = UnixListener::bind(&run.socket)
+            .map_err(|e| format!("binding {}: {e}", run.socket.display()))?;
+        access
+            .restrict(&run.socket, 0o600)
+            .map_err(|e| format!("restricting {}: {e}", run.socket.display()))?;
+        run.server = Some(tokio::spawn(serve(listener, run.state.clone(), access)));
+        Ok(run)
+    }
+}
+
+/// The proxy of one run. Dropping it stops serving (open tunnels end) and removes its
+/// directory; [`RunEgress::finish`] does the same and returns the ledger.
+pub struct RunEgress {
+    dir: PathBuf,
+    socket: PathBuf,
+    state: Arc<RunState>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RunEgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunEgress")
+            .field("dir", &self.dir)
+            .field("grant", &self.state.grant)
+            .finish()
+    }
+}
+
+impl RunEgress {
+    /// The run's directory on the host; mount it read-only at the same path in the sandbox.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The proxy's socket (inside `dir`), which the sandbox's relay connects to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The program's proxy settings: `HTTP_PROXY`, `HTTPS_PROXY` (both cases) at the relay,
+    /// and `NO_PROXY` for the run's own loopback.
+    pub fn env() -> Vec<(String, String)> {
+        let url = format!("http://127.0.0.1:{EGRESS_PROXY_PORT}");
+        let mut env: Vec<(String, String)> = [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "GEARBOX_EGRESS_PROXY",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), url.clone()))
+        .collect();
+        for k in ["NO_PROXY", "no_proxy"] {
+            env.push((k.into(), "localhost,127.0.0.1,::1".into()));
+        }
+        env
+    }
+
+    /// The ledger so far.
+    pub fn ledger(&self) -> EgressLedger {
+        self.state.book().snapshot()
+    }
+
+    /// Stop serving, remove the directory, return the ledger.
+    pub fn finish(mut self) -> EgressLedger {
+        self.stop();
+        self.ledger()
+    }
+
+    fn stop(&mut self) {
+        self.state.stop.cancel();
+        if let Some(s) = self.server.take() {
+            s.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for RunEgress {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct RunState {
+    grant: Network,
+    settings: Arc<Settings>,
+    ledger: Mutex<Book>,
+    /// Connections open at once (`max_connections`): each accepted connection holds one,
+    /// and a tunnel takes over its connection's.
+    permits: Arc<Semaphore>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl RunState {
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn refuse(&self, host: &str, port: u16, reason: &str) {
+        tracing::info!(host, port, reason, "egress refused");
+        self.book()
+            .refused(format!("{host}:{port}"), reason.to_string());
+    }
+
+    /// Decide on `host:port` and connect to a checked address of it.
+    async fn connect(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
+        if !self.grant.admits(host, port) {
+            return Err(Refusal::Policy(format!(
+                "{host}:{port} is not in this run's network grant ({}{})",
+                self.grant.describe(),
+                if matches!(self.grant, Network::Hosts(_)) {
+                    "; a pattern without a port allows 80 and 443"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let timeout = Duration::from_millis(self.settings.config.connect_timeout_ms.max(1));
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<IpAddr> = if let Ok(ip) = bare.parse::<IpAddr>() {
+            vec![ip]
+        } else if let Some(ip) = self.settings.config.hosts.get(&bare.to_ascii_lowercase()) {
+            vec![*ip]
+        } else {
+            match tokio::time::timeout(timeout, tokio::net::lookup_host((bare, port))).await {
+                Ok(Ok(found)) => {
+                    let mut v: Vec<IpAddr> = Vec::new();
+                    for a in found {
+                        if !v.contains(&a.ip()) {
+                            v.push(a.ip());
+                        }
+                    }
+                    v
+                }
+                Ok(Err(e)) => {
+                    return Err(Refusal::Unreachable(format!("cannot resolve {bare}: {e}")));
+                }
+                Err(_) => return Err(Refusal::Unreachable(format!("resolving {bare} timed out"))),
+            }
+        };
+        let mut why = Vec::new();
+        let admitted: Vec<IpAddr> = addrs
+            .into_iter()
+            .filter(
+                |ip| match crate::addr::admit(*ip, &self.settings.allow_private) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        why.push(e);
+                        false
+                    }
+                },
+            )
+            .collect();
+        if admitted.is_empty() {
+            return Err(Refusal::Policy(match why.first() {
+                Some(first) => format!("{host} resolves to {first}"),
+                None => format!("{host} resolves to no address"),
+            }));
+        }
+        let mut last = String::new();
+        for ip in admitted {
+            match tokio::time::timeout(timeout, TcpStream::connect(SocketAddr::new(ip, port))).await
+            {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok(s);
+                }
+                Ok(Err(e)) => last = format!("connecting to {ip}:{port}: {e}"),
+                Err(_) => last = format!("connecting to {ip}:{port} timed out"),
+            }
+        }
+        Err(Refusal::Unreachable(last))
+    }
+}
+
+enum Refusal {
+    /// The grant or the address ranges: 403.
+    Policy(String),
+    /// Allowed, but could not be reached: 502.
+    Unreachable(String),
+}
+
+async fn serve(listener: UnixListener, state: Arc<RunState>, access: RunAccess) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    match stream.peer_cred() {
+                        Ok(cred) if access.admits(cred.uid()) => {}
+                        Ok(cred) => {
+                            tracing::warn!(uid = cred.uid(), "egress proxy: a connection from another user; closed");
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "egress proxy: no peer credentials; connection closed");
+                            continue;
+                        }
+                    }
+                    let Ok(permit) = state.permits.clone().try_acquire_owned() else {
+                        state.refuse("(any)", 0, "too many connections open at once");
+                        continue;
+                    };
+                    conns.spawn(connection(stream, state.clone(), permit));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "egress proxy: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+async fn connection(stream: UnixStream, state: Arc<RunState>, permit: OwnedSemaphorePermit) {
+    let permit = Arc::new(Mutex::new(Some(permit)));
+    let service = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        let permit = permit.clone();
+        async move { Ok::<_, Infallible>(handle(state, permit, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades()
+        .await;
+}
+
+fn text(status: StatusCode, body: String) -> Response<Body> {
+    let mut r = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn refused(state: &RunState, host: &str, port: u16, why: Refusal) -> Response<Body> {
+    let (status, reason) = match why {
+        Refusal::Policy(r) => (StatusCode::FORBIDDEN, r),
+        Refusal::Unreachable(r) => (StatusCode::BAD_GATEWAY, r),
+    };
+    state.refuse(host, port, &reason);
+    let mut r = text(
+        status,
+        format!("gearbox egress proxy: {host}:{port} refused: {reason}\n"),
+    );
+    r.headers_mut().insert(
+        "x-gearbox-egress",
+        hyper::header::HeaderValue::from_static("refused"),
+    );
+    r
+}
+
+async fn handle(
+    state: Arc<RunState>,
+    permit: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    if req.method() == Method::CONNECT {
+        let Some((host, port)) = req
+            .uri()
+            .authority()
+            .and_then(|a| a.port_u16().map(|p| (a.host().to_string(), p)))
+        else {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "gearbox egress proxy: CONNECT needs host:port\n".into(),
+            );
+        };
+        let upstream = match state.connect(&host, port).await {
+            Ok(s) => s,
+            Err(why) => return refused(&state, &host, port, why),
+        };
+        let held = permit.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let stop = state.stop.clone();
+        tokio::spawn(async move {
+            let _held = held;
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                upgraded = hyper::upgrade::on(req) => {
+                    if let Ok(up) = upgraded {
+                        tunnel(&state, &host, port, TokioIo::new(up), upstream).await;
+                    }
+                }
+            }
+        });
+        return Response::new(
+            Full::new(Bytes::new())
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+    }
+    forward(state, req).await
+}
+
+/// A plain HTTP request in absolute form (`GET http://host/path`), forwarded over a
+/// connection of the proxy's own.
+async fn forward(state: Arc<RunState>, mut req: Request<Incoming>) -> Response<Body> {
+    let uri = req.uri().clone();
+    if uri.scheme_str() != Some("http") {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "gearbox egress proxy: send plain HTTP requests in absolute form \
+             (http://host/path) and tunnel everything else with CONNECT\n"
+                .into(),
+        );
+    }
+    let Some(auth) = uri.authority().cloned() else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "gearbox egress proxy: the request names no host\n".into(),
+        );
+    };
+    let (host, port) = (auth.host().to_string(), auth.port_u16().unwrap_or(80));
+    let stream = match state.connect(&host, port).await {
+        Ok(s) => s,
+        Err(why) => return refused(&state, &host, port, why),
+    };
+    let key = format!("{host}:{port}");
+    let counted = Counted::new(stream);
+    let (up, down) = (counted.up.clone(), counted.down.clone());
+    let (mut sender, conn) =
+        match hyper::client::conn::http1::handshake(TokioIo::new(counted)).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                return refused(&state, &host, port, Refusal::Unreachable(e.to_string()));
+            }
+        };
+    state.book().request(&key);
+    let stop = state.stop.clone();
+    let book_state = state.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = conn => {}
+        }
+        book_state.book().bytes(
+            &key,
+            up.load(Ordering::Relaxed),
+            down.load(Ordering::Relaxed),
+        );
+    });
+    // Origin form upstream; proxy-only headers stay here.
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    *req.uri_mut() = match path.parse() {
+        Ok(u) => u,
+        Err(_) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "gearbox egress proxy: bad request path\n".into(),
+            );
+        }
+    };
+    let headers = req.headers_mut();
+    headers.remove("proxy-authorization");
+    headers.remove("proxy-connection");
+    if !headers.contains_key(hyper::header::HOST)
+        && let Ok(v) = hyper::header::HeaderValue::from_str(auth.as_str())
+    {
+        headers.insert(hyper::header::HOST, v);
+    }
+    match sender.send_request(req).await {
+        Ok(resp) => resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed()),
+        Err(e) => refused(&state, &host, port, Refusal::Unreachable(e.to_string())),
+    }
+}
+
+/// Move a tunnel's bytes both ways. When the program speaks TLS first, its ClientHello is
+/// read before anything goes upstream: a server name outside the grant ends the tunnel.
+async fn tunnel<C>(state: &RunState, host: &str, port: u16, client: C, upstream: TcpStream)
+where
+    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let key = format!("{host}:{port}");
+    state.book().request(&key);
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut ur, mut uw) = upstream.into_split();
+    let down = Arc::new(AtomicU64::new(0));
+    let down_count = down.clone();
+    let downward = tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match ur.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    down_count.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+        }
+        let _ = cw.shutdown().await;
+    });
+    let mut up_bytes = 0u64;
+    let mut first = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let allowed = loop {
+        match cr.read(&mut buf).await {
+            Ok(0) | Err(_) => break first.is_empty(),
+            Ok(n) => first.extend_from_slice(&buf[..n]),
+        }
+        match server_name(&first) {
+            Hello::NeedMore if first.len() < MAX_CLIENT_HELLO => continue,
+            Hello::Name(name) if !state.grant.admits(&name, port) => {
+                state.refuse(
+                    host,
+                    port,
+                    &format!(
+                        "the tunnel's TLS server name {name} is not in this run's network grant ({})",
+                        state.grant.describe()
+                    ),
+                );
+                break false;
+            }
+            _ => break true,
+        }
+    };
+    if allowed && !first.is_empty() && uw.write_all(&first).await.is_ok() {
+        up_bytes += first.len() as u64;
+        loop {
+            match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if uw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    up_bytes += n as u64;
+                }
+            }
+        }
+        let _ = uw.shutdown().await;
+        let _ = downward.await;
+    } else if !allowed {
+        downward.abort();
+    } else {
+        let _ = uw.shutdown().await;
+        let _ = downward.await;
+    }
+    state
+        .book()
+        .bytes(&key, up_bytes, down.load(Ordering::Relaxed));
+}
+
+enum Hello {
+    /// Not TLS, or TLS without a server name: decided on the CONNECT host alone.
+    NoName,
+    Name(String),
+    NeedMore,
+}
+
+/// The server name of a TLS ClientHello at the start of `bytes`, read with rustls's
+/// acceptor (nothing is decrypted or answered).
+fn server_name(bytes: &[u8]) -> Hello {
+    if bytes.first() != Some(&0x16) {
+        return Hello::NoName;
+    }
+    let mut acceptor = rustls::server::Acceptor::default();
+    let mut cursor = std::io::Cursor::new(bytes);
+    while (cursor.position() as usize) < bytes.len() {
+        match acceptor.read_tls(&mut cursor) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    match acceptor.accept() {
+        Ok(None) => Hello::NeedMore,
+        Ok(Some(accepted)) => match accepted.client_hello().server_name() {
+            Some(name) => Hello::Name(name.to_string()),
+            None => Hello::NoName,
+        },
+        Err(_) => Hello::NoName,
+    }
+}
+
+/// A stream that counts the bytes written to it (up) and read from it (down).
+struct Counted<S> {
+    inner: S,
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+}
+
+impl<S> Counted<S> {
+    fn new(inner: S) -> Counted<S> {
+        Counted {
+            inner,
+            up: Arc::new(AtomicU64::new(0)),
+            down: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        self.down.fetch_add(n as u64, Ordering::Relaxed);
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.up.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The ledger as it fills.
+struct Book {
+    granted: Vec<String>,
+    hosts: Vec<EgressHost>,
+    index: HashMap<String, usize>,
+    refused: Vec<EgressRefusal>,
+    refused_total: u64,
+}
+
+impl Book {
+    fn new(grant: &Network) -> Book {
+        Book {
+            granted: grant.patterns(),
+            hosts: Vec::new(),
+            index: HashMap::new(),
+            refused: Vec::new(),
+            refused_total: 0,
+        }
+    }
+
+    fn entry(&mut self, key: &str) -> &mut EgressHost {
+        let key = if self.index.contains_key(key) || self.index.len() < MAX_LEDGER_HOSTS {
+            key
+        } else {
+            "(other hosts)"
+        };
+        let i = match self.index.get(key) {
+            Some(&i) => i,
+            None => {
+                self.hosts.push(EgressHost {
+                    host: key.to_string(),
+                    ..Default::default()
+                });
+                self.index.insert(key.to_string(), self.hosts.len() - 1);
+                self.hosts.len() - 1
+            }
+        };
+        &mut self.hosts[i]
+    }
+
+    fn request(&mut self, key: &str) {
+        self.entry(key).requests += 1;
+    }
+
+    fn bytes(&mut self, key: &str, up: u64, down: u64) {
+        let e = self.entry(key);
+        e.bytes_up += up;
+        e.bytes_down += down;
+    }
+
+    fn refused(&mut self, host: String, reason: String) {
+        self.refused_total += 1;
+        if self.refused.len() < MAX_LEDGER_REFUSALS {
+            self.refused.push(EgressRefusal { host, reason });
+        }
+    }
+
+    fn snapshot(&self) -> EgressLedger {
+        EgressLedger {
+            granted: self.granted.clone(),
+            hosts: self.hosts.clone(),
+            refused: self.refused.clone(),
+            refused_total: self.refused_total,
+        }
+    }
+}
