@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""What the network gear costs, in one run (root: it builds a stand-in internet).
+
+    /usr/bin/python3 bench/network_bench.py [--gearbox target/release/gearbox] [-n 20] [--mb 64]
+
+1. Start-up: `gearbox run` of a Python `print(1)` without network, and the same granted
+   network (`--network=inet.test`): median and p90 wall time, the difference and the ratio.
+   Runs are interleaved so machine noise hits both alike.
+2. Throughput: a file of `--mb` MiB fetched over HTTP from a server in a network namespace
+   (veth, 203.0.113.2), directly by the host's Python and through a granted run's relay and
+   egress proxy; MB/s each and the ratio. The sandboxed figure includes the interpreter's
+   start (measured by the program itself around the fetch only).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NS = f"gbxbench-{os.getpid()}"
+INET = "203.0.113.2"
+
+
+def sh(cmd):
+    subprocess.run(cmd, shell=True, check=True)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gearbox", default=str(ROOT / "target/release/gearbox"))
+    ap.add_argument("-n", type=int, default=20)
+    ap.add_argument("--mb", type=int, default=64)
+    a = ap.parse_args()
+    # Stand-in internets of test or bench processes that are gone would shadow this one.
+    for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        for prefix in ("gbxnet-", "gbxbench-"):
+            if name.startswith(prefix) and not Path(f"/proc/{name[len(prefix):]}").exists():
+                subprocess.run(["ip", "netns", "del", name])
+    tmp = Path(tempfile.mkdtemp(prefix="gbx-netbench-"))
+    h, i = f"gbbh{os.getpid() % 10000}", f"gbbi{os.getpid() % 10000}"
+    sh(f"ip netns add {NS} && ip link add {h} type veth peer name {i} && ip link set {i} netns {NS} "
+       f"&& ip addr add 203.0.113.1/24 dev {h} && ip link set {h} up && ip -n {NS} addr add {INET}/24 dev {i} "
+       f"&& ip -n {NS} link set {i} up && ip -n {NS} link set lo up")
+    server = None
+    try:
+        (tmp / "blob").write_bytes(os.urandom(1 << 20) * a.mb)
+        server = subprocess.Popen(["ip", "netns", "exec", NS, "python3", "-m", "http.server", "80",
+                                   "--bind", INET], cwd=tmp, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://{INET}/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        (tmp / "gearbox.toml").write_text(f'[limits]\ntimeout_ms = 120000\nmemory_mb = 1024\n\n[network]\nhosts = {{ "inet.test" = "{INET}" }}\n')
+        (tmp / "p.py").write_text("print(1)\n")
+        base = [a.gearbox, "--config", str(tmp / "gearbox.toml"), "run", "--gear", "full_trust"]
+        plain, granted = [], []
+        for _ in range(a.n):
+            for out, extra in ((plain, []), (granted, ["--network=inet.test"])):
+                t = time.perf_counter()
+                r = subprocess.run(base + extra + [str(tmp / "p.py")], capture_output=True)
+                out.append((time.perf_counter() - t) * 1000)
+                assert r.stdout.strip() == b"1", r
+        print(f"## start-up, gearbox run print(1), n={a.n}\n")
+        print("| run | median ms | p90 ms |\n|---|---|---|")
+        for name, xs in (("no network", plain), ("network granted (proxy + relay)", granted)):
+            print(f"| {name} | {statistics.median(xs):.1f} | {pct(xs, 90):.1f} |")
+        d = statistics.median(granted) - statistics.median(plain)
+        print(f"\nadded by the grant: {d:+.1f} ms median ({statistics.median(granted) / statistics.median(plain):.2f}x)\n")
+
+        t = time.perf_counter()
+        n = len(urllib.request.urlopen(f"http://{INET}/blob", timeout=60).read())
+        direct = n / (time.perf_counter() - t) / 1e6
+        (tmp / "f.py").write_text(
+            "import time, urllib.request\nt = time.perf_counter()\n"
+            "n = len(urllib.request.urlopen('http://inet.test/blob', timeout=120).read())\n"
+            "print(n / (time.perf_counter() - t) / 1e6)\n")
+        r = subprocess.run(base + ["--network=inet.test", "--memory", "1G", "--timeout", "2m", "--json",
+                                   str(tmp / "f.py")], capture_output=True)
+        o = json.loads(r.stdout)
+        assert o["status"] == "ok", o
+        proxied = float(o["stdout"].strip())
+        print(f"## throughput, {a.mb} MiB over HTTP\n")
+        print("| path | MB/s |\n|---|---|")
+        print(f"| host, direct | {direct:.0f} |\n| sandbox, relay + egress proxy | {proxied:.0f} |")
+        print(f"\nproxied / direct: {proxied / direct:.2f}; ledger: {o.get('egress', {}).get('hosts')}")
+    finally:
+        if server:
+            server.kill()
+        subprocess.run(["ip", "netns", "del", NS])
+        subprocess.run(["rm", "-rf", str(tmp)])
+
+
+if __name__ == "__main__":
+    main()
