@@ -171,6 +171,26 @@ async fn start(gear: &str) -> Server<Plain> {
     start_with(Plain, gear).await
 }
 
+/// A server with `extra` appended to its configuration.
+async fn start_configured(gear: &str, extra: &str) -> Server<Plain> {
+    let dir = TempDir::new("srv");
+    let config = write_config(&dir, extra);
+    let cfg = config.clone();
+    let gear = gear.to_string();
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(move |c| {
+            c.arg("--config").arg(&cfg).args(["serve", "--gear", &gear]);
+        }),
+    )
+    .expect("spawn gearbox serve");
+    let session = Plain.serve(transport).await.expect("initialize");
+    Server {
+        session,
+        config,
+        _dir: dir,
+    }
+}
+
 async fn call<C: ClientHandler>(s: &Server<C>, tool: &str, args: Value) -> CallToolResult {
     s.session
         .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj(args)))
@@ -754,4 +774,79 @@ async fn http_approvals_need_an_approver_key() {
     let _ = child.wait();
     let mut sink = String::new();
     let _ = std::io::empty().read_to_string(&mut sink);
+}
+
+/// `network` as a list: `user_confirmed` asks about the exact list and the approval binds to
+/// it; `[network] full_trust` caps what that gear grants; a bad pattern is an error naming it.
+#[tokio::test]
+async fn a_network_list_is_asked_about_exactly_bound_and_capped() {
+    let cap = "[network]\nfull_trust = [\"*.example.com\"]\n";
+    let s = start_configured("user_confirmed", cap).await;
+    let args = json!({"language": "python", "code": "print(1)", "network": ["pypi.org", "*.pythonhosted.org"]});
+    let r = call(&s, "execute_code", args.clone()).await;
+    let v = structured(&r).clone();
+    assert_eq!(v["status"], "pending_approval", "{v}");
+    assert!(
+        text(&r).contains("pypi.org, *.pythonhosted.org"),
+        "{}",
+        text(&r)
+    );
+    let id = v["operation_id"]
+        .as_str()
+        .expect("operation_id")
+        .to_string();
+    let (ok, out) = decide(&s.config, "approve", &id, None);
+    assert!(ok, "{out}");
+    let mut wider = args.clone();
+    wider["network"] = json!(["pypi.org", "*.pythonhosted.org", "evil.example"]);
+    wider["operation_id"] = json!(id);
+    let r = call(&s, "execute_code", wider).await;
+    assert_eq!(
+        structured(&r)["status"],
+        "denied",
+        "another list is another approval"
+    );
+    let mut same = args.clone();
+    same["operation_id"] = json!(id);
+    let r = call(&s, "execute_code", same).await;
+    let v = structured(&r);
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(
+        v["egress"]["granted"],
+        json!(["pypi.org", "*.pythonhosted.org"]),
+        "{v}"
+    );
+
+    let f = start_configured("full_trust", cap).await;
+    for (network, want) in [
+        (json!(["pypi.org"]), "denied"),
+        (json!(true), "denied"),
+        (json!(["a.example.com", "*.b.example.com"]), "ok"),
+    ] {
+        let r = call(
+            &f,
+            "execute_code",
+            json!({"language": "python", "code": "print(1)", "network": network}),
+        )
+        .await;
+        let v = structured(&r);
+        assert_eq!(v["status"], want, "{network}: {v}");
+        if want == "denied" {
+            assert!(
+                v["reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("full_trust gear cannot grant"),
+                "{v}"
+            );
+        }
+    }
+    let r = call(
+        &f,
+        "execute_code",
+        json!({"language": "python", "code": "print(1)", "network": ["ok.org", "not a host"]}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("network[1]"), "{}", text(&r));
 }
