@@ -112,6 +112,9 @@ pub struct Record {
     /// The out-of-band approval this record concerns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
+    /// A granted run's traffic as its egress proxy saw it: hosts, bytes, refusals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<gearbox_core::EgressLedger>,
 }
 
 impl Record {
@@ -151,6 +154,7 @@ impl Record {
             capabilities: Vec::new(),
             approval: None,
             operation_id: None,
+            egress: None,
         }
     }
 }

@@ -23,6 +23,14 @@ struct ReasonLabels {
     reason: String,
 }
 
+/// Egress through the proxy, by the gear that granted it (four values at most) and what
+/// happened (`allowed`, `refused`, `bytes_up`, `bytes_down`): bounded cardinality, no hosts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EgressLabels {
+    gear: String,
+    kind: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabels {
     route: String,
@@ -40,6 +48,7 @@ pub struct Metrics {
     in_flight: Gauge,
     max_running: Gauge,
     http: Family<HttpLabels, Counter>,
+    egress: Family<EgressLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -61,6 +70,13 @@ impl Metrics {
         let in_flight = Gauge::default();
         let max_running = Gauge::default();
         let http = Family::<HttpLabels, Counter>::default();
+        let egress = Family::<EgressLabels, Counter>::default();
+        registry.register(
+            "gearbox_egress",
+            "Egress of granted runs through the proxy, by gear: connections and requests \
+             allowed and refused, bytes up and down",
+            egress.clone(),
+        );
         registry.register(
             "mcp_execution_requests",
             "Tool calls that asked for a run, by language and outcome status",
@@ -112,7 +128,29 @@ impl Metrics {
             in_flight,
             max_running,
             http,
+            egress,
         }
+    }
+
+    /// What a granted run's proxy let through and refused.
+    pub fn egress(&self, gear: &str, ledger: &gearbox_core::EgressLedger) {
+        let add = |kind: &str, n: u64| {
+            if n > 0 {
+                self.egress
+                    .get_or_create(&EgressLabels {
+                        gear: gear.to_string(),
+                        kind: kind.to_string(),
+                    })
+                    .inc_by(n);
+            }
+        };
+        add("allowed", ledger.hosts.iter().map(|h| h.requests).sum());
+        add("refused", ledger.refused_total);
+        add("bytes_up", ledger.hosts.iter().map(|h| h.bytes_up).sum());
+        add(
+            "bytes_down",
+            ledger.hosts.iter().map(|h| h.bytes_down).sum(),
+        );
     }
 
     /// A call that asked for a run ended with `status` (`ok`, `error`, `busy`, ...).
@@ -226,6 +264,33 @@ fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn egress_is_counted_by_gear_without_hosts() {
+        let m = Metrics::new();
+        let ledger = gearbox_core::EgressLedger {
+            granted: vec!["pypi.org".into()],
+            hosts: vec![gearbox_core::EgressHost {
+                host: "pypi.org:443".into(),
+                requests: 2,
+                bytes_up: 100,
+                bytes_down: 5000,
+            }],
+            refused: vec![],
+            refused_total: 3,
+        };
+        m.egress("full_trust", &ledger);
+        m.egress("full_trust", &ledger);
+        let text = m.encode(&Limiter::new(1, 1), &[]);
+        for line in [
+            "gearbox_egress_total{gear=\"full_trust\",kind=\"allowed\"} 4",
+            "gearbox_egress_total{gear=\"full_trust\",kind=\"refused\"} 6",
+            "gearbox_egress_total{gear=\"full_trust\",kind=\"bytes_down\"} 10000",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+        assert!(!text.contains("pypi.org"), "{text}");
+    }
 
     #[test]
     fn names_follow_the_spec() {

@@ -144,6 +144,7 @@ fn fill_outcome(r: &mut Record, o: &Outcome) {
     r.peak_memory_kb = o.usage.peak_memory_kb;
     r.stdout_bytes = o.stdout.len();
     r.stderr_bytes = o.stderr.len();
+    r.egress = o.egress.clone();
     if r.language.is_none() && !o.language.is_empty() {
         r.language = Some(o.language.clone());
     }
@@ -527,6 +528,9 @@ impl GearboxServer {
         }
         if !outcome.is_ok() {
             m.error(error_reason(&outcome));
+        }
+        if let Some(e) = &outcome.egress {
+            m.egress(record.gear.as_deref().unwrap_or("unknown"), e);
         }
         fill_outcome(&mut record, &outcome);
         if !self.record(record, info).await {
