@@ -176,6 +176,34 @@ async fn the_outcome_is_the_supervisors_and_programs_hold_only_stdio() {
     }
 }
 
+/// A granted run has one more process in its sandbox (the egress relay) and the proxy's
+/// socket in reach; its program still holds only stdio and its outcome is still the
+/// supervisor's.
+#[tokio::test]
+async fn a_granted_run_holds_only_stdio_and_cannot_forge_its_end() {
+    let engine = engine_with(PoolConfig::only([]));
+    for language in ["python", "bash"] {
+        let mut r = run(language, &forger(language));
+        r.req.network = gearbox_core::Network::Any;
+        let o = exec(&engine, r.req).await;
+        assert_eq!(o.status, Status::Error, "{language}: {o:?}");
+        assert_eq!(o.exit_code, Some(3), "{language}: {o:?}");
+        assert!(o.egress.is_some(), "{language}: a granted run: {o:?}");
+        let least = if language == "bash" { 50 } else { 290 };
+        let cpu = o.usage.cpu_time_ms.expect("CPU time measured");
+        assert!(cpu >= least, "{language}: CPU time {cpu} ms: {o:?}");
+        let held = o.stdout.lines().next().unwrap_or_default();
+        if language == "python" {
+            assert_eq!(held, "held []", "{o:?}");
+        } else {
+            assert!(
+                !held.contains("socket:") && !held.contains("pipe:"),
+                "{held}"
+            );
+        }
+    }
+}
+
 /// Fields a program prints that must differ between any two runs.
 fn entropy_probe(language: &str) -> &'static str {
     match language {
