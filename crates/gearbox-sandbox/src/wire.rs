@@ -21,8 +21,8 @@ pub const MAX_SPEC_BYTES: u32 = 16 * 1024 * 1024;
 /// The fd on which the helper writes its report.
 pub const REPORT_FD: i32 = 3;
 /// The fd on which a fork server's helper receives the server's control socket, passed on
-/// to the fork server (see `zygote.rs`).
-pub const ZYGOTE_FD: i32 = 4;
+/// to the fork server (see `fork_server.rs`).
+pub const FORK_SERVER_FD: i32 = 4;
 
 /// How the helper isolates the program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,9 +64,9 @@ pub struct Pooled {
     /// exec'd at hand-over.
     pub launcher: Option<(String, Vec<String>)>,
     /// Start the launcher as a fork server instead: it keeps the capabilities to build
-    /// per-run namespaces and forks one single-use sandbox per request (`zygote.rs`).
+    /// per-run namespaces and forks one single-use sandbox per request (`fork_server.rs`).
     #[serde(default)]
-    pub zygote: bool,
+    pub fork_server: bool,
 }
 
 /// The program handed to a warm sandbox: written to the helper's stdin (read by init) as a
@@ -147,6 +147,35 @@ fn read_files<R: Read>(r: &mut R, names: &[(String, u64)]) -> Result<Vec<Vec<u8>
         files.push(content);
     }
     Ok(files)
+}
+
+/// The program's environment: a fixed base, then the job's variables with the sandbox's
+/// paths substituted. Nothing is inherited from the server.
+pub(crate) fn program_env(
+    spec_env: &std::collections::BTreeMap<String, String>,
+    workspace: &str,
+    tmp: &str,
+) -> Vec<(String, String)> {
+    let mut env: std::collections::BTreeMap<String, String> = [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("LANG", "C.UTF-8"),
+        ("LC_ALL", "C.UTF-8"),
+        ("USER", "sandbox"),
+        ("LOGNAME", "sandbox"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    env.insert("HOME".into(), workspace.to_string());
+    env.insert("PWD".into(), workspace.to_string());
+    env.insert("TMPDIR".into(), tmp.to_string());
+    for (k, v) in spec_env {
+        env.insert(
+            k.clone(),
+            v.replace("{workspace}", workspace).replace("{tmp}", tmp),
+        );
+    }
+    env.into_iter().collect()
 }
 
 /// A set-up step that failed, named like the step in the code.
@@ -277,7 +306,10 @@ mod proptests {
                 proptest::option::of((text(), proptest::collection::vec(text(), 0..3))),
                 any::<bool>(),
             )
-                .prop_map(|(launcher, zygote)| Pooled { launcher, zygote }),
+                .prop_map(|(launcher, fork_server)| Pooled {
+                    launcher,
+                    fork_server,
+                }),
         )
     }
 

@@ -7,10 +7,18 @@ use std::os::fd::OwnedFd;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
 
-use super::linux::{GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg, SANDBOX_ID, split_status};
-use super::{mount, program};
-use crate::wire::{JailSpec, Pooled, StepError, read_handover};
+use nix::sys::wait::WaitStatus;
 use seccompiler::BpfProgram;
+
+use super::message::{GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
+use super::{SANDBOX_ID, mount, program};
+use crate::wire::{JailSpec, Pooled, StepError, read_handover};
+
+/// The nice value a fork server and the sandboxes it builds run at until a run is handed
+/// over: building the pool's next sandbox, and a finished run's teardown, yield the CPU to
+/// requests (set before the fork server's exec; the server gives a run's program the normal
+/// priority at hand-over, see `fork_server.rs`).
+const BUILD_NICE: i32 = 10;
 
 pub fn main(
     spec: &JailSpec,
@@ -55,7 +63,7 @@ pub fn main(
     }
     let run = match &spec.pooled {
         None => start_cold(spec, env, filters, have_cgroup, &st_w, t0),
-        Some(pool) if pool.zygote => start_zygote(pool, env, &st_w, t0),
+        Some(pool) if pool.fork_server => start_fork_server(pool, env, &st_w, t0),
         Some(pool) => start_pooled(spec, pool, env, filters, have_cgroup, &st_w, t0),
     };
     let child = match run {
@@ -206,7 +214,7 @@ fn start_pooled(
     let (handover, files) = read_handover(&mut *stdin).step("read hand-over")?;
     let handed = std::time::Instant::now();
     mount::write_files(std::path::Path::new("/work"), &handover.files, &files)?;
-    let env = super::program_env(&handover.env, "/work", "/tmp");
+    let env = crate::wire::program_env(&handover.env, "/work", "/tmp");
     match launcher {
         Some((child, job_w)) => {
             // `command`: what the interpreter would have been started with (Python's
@@ -249,7 +257,7 @@ fn start_pooled(
 /// (ambient, so they survive exec; all inside this sandbox's user namespace). It runs no
 /// program itself; each run it forks drops every capability and applies the same rlimits,
 /// Landlock rules and seccomp filters as [`program::exec`] before reading its program.
-fn start_zygote(
+fn start_fork_server(
     pool: &Pooled,
     env: &[(String, String)],
     st_w: &OwnedFd,
@@ -275,7 +283,7 @@ fn start_zygote(
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
     match unsafe { fork() }.step("fork fork server")? {
         ForkResult::Child => {
-            let err = exec_zygote(&argv_c, &envp);
+            let err = exec_fork_server(&argv_c, &envp);
             fail(
                 st_w,
                 StepError {
@@ -298,15 +306,15 @@ fn start_zygote(
 /// (`linux/capability.h`: CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21.) Its bounding set is emptied
 /// before exec (with CAP_SETPCAP 8, which it does not keep), so every process it forks
 /// starts with an empty bounding set.
-const ZYGOTE_CAPS: [u32; 2] = [12, 21];
+const FORK_SERVER_CAPS: [u32; 2] = [12, 21];
 const CAP_SETPCAP: u32 = 8;
 
-fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
+fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
     let last = std::io::Error::last_os_error;
     // SAFETY: fcntl/close_range on fd numbers of this process: everything above stderr but
     // the control socket closes at exec.
     unsafe {
-        if libc::fcntl(crate::wire::ZYGOTE_FD, libc::F_SETFD, 0) < 0 {
+        if libc::fcntl(crate::wire::FORK_SERVER_FD, libc::F_SETFD, 0) < 0 {
             return last();
         }
         libc::syscall(libc::SYS_close_range, 3u32, 3u32, libc::CLOSE_RANGE_CLOEXEC);
@@ -334,7 +342,7 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
         pid: 0,
     };
     let mut data = [Data::default(); 2];
-    for cap in ZYGOTE_CAPS {
+    for cap in FORK_SERVER_CAPS {
         let (i, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
         data[i].effective |= bit;
         data[i].permitted |= bit;
@@ -349,7 +357,7 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
         if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
             return last();
         }
-        for cap in ZYGOTE_CAPS {
+        for cap in FORK_SERVER_CAPS {
             if libc::prctl(
                 libc::PR_CAP_AMBIENT,
                 libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
@@ -369,7 +377,7 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
         }
     }
     // SAFETY: setpriority takes integers.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, crate::zygote::BUILD_NICE) } != 0 {
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) } != 0 {
         return last();
     }
     match nix::unistd::execve(&argv[0], argv, envp) {
@@ -437,4 +445,13 @@ fn loopback_up() -> std::io::Result<()> {
     // SAFETY: closing the socket we opened.
     unsafe { libc::close(sock) };
     if res < 0 { Err(err) } else { Ok(()) }
+}
+
+/// Turn a wait status into (exit code, signal).
+pub fn split_status(status: WaitStatus) -> (Option<i32>, Option<i32>) {
+    match status {
+        WaitStatus::Exited(_, code) => (Some(code), None),
+        WaitStatus::Signaled(_, sig, _) => (None, Some(sig as i32)),
+        _ => (None, None),
+    }
 }

@@ -8,93 +8,19 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::{WaitStatus, waitpid};
+use nix::sys::wait::waitpid;
 use nix::unistd::{Gid, Pid, Uid, pipe2};
 
-use super::cgroup::Cgroup;
 use super::memwatch::{self, MemoryWatch};
-use super::{Step, init, seccomp};
+use super::message::{GO_BUILD, GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
+use super::{NOBODY, SANDBOX_ID, Step, init, seccomp};
+use crate::cgroup::Cgroup;
 use crate::wire::{JailReport, JailSpec, StepError};
 
-/// The uid and gid the program has inside its user namespace.
-pub const SANDBOX_ID: u32 = 1000;
-/// Host uid/gid the sandbox maps to when the helper runs as root: never host root.
-pub const NOBODY: u32 = gearbox_core::SANDBOX_HOST_ID;
-/// Byte that lets init build the root.
-pub const GO_BUILD: &[u8] = b"b";
-/// Byte that lets init start the program, memory capped by the cgroup.
-pub const GO_RUN_CGROUP: &[u8] = b"c";
-/// Byte that lets init start the program, memory capped by rlimits (no cgroup).
-pub const GO_RUN_RLIMITS: &[u8] = b"r";
 /// How long building the sandbox may take before the helper gives up.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long init may take to send the workspace after the program exited.
 const COLLECT_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// One line the init process (or the program, before exec) sends the helper.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "t", rename_all = "snake_case")]
-pub enum Msg {
-    /// The program was forked; its time starts now.
-    Started {
-        /// Init's own work before the program started: building the root (cold), or from
-        /// hand-over to start (warm).
-        init_us: u64,
-    },
-    /// A warm sandbox is built and waits for its program.
-    Ready { root_us: u64 },
-    /// Mechanisms the program applied to itself before exec.
-    Applied { mechanisms: Vec<String> },
-    /// A set-up step failed.
-    Failed { step: String, message: String },
-    /// The program exited.
-    Exited {
-        code: Option<i32>,
-        signal: Option<i32>,
-        cpu_time_ms: u64,
-        max_rss_kb: u64,
-    },
-}
-
-/// Longest message line: one atomic pipe write (init and the program share the pipe).
-const MAX_MSG: usize = 3800;
-
-impl Msg {
-    /// Send as one line of at most [`MAX_MSG`] bytes: a longer `Failed` message is shortened
-    /// (never the JSON itself, which would no longer parse).
-    pub fn send(&self, fd: &OwnedFd) {
-        if let Some(mut line) = self.encode() {
-            line.push(b'\n');
-            let _ = nix::unistd::write(fd, &line);
-        }
-    }
-
-    fn encode(&self) -> Option<Vec<u8>> {
-        let line = serde_json::to_vec(self).ok()?;
-        if line.len() <= MAX_MSG {
-            return Some(line);
-        }
-        let Msg::Failed { step, message } = self else {
-            return None;
-        };
-        let mut keep = message.len().min(MAX_MSG);
-        loop {
-            keep = keep * 3 / 4;
-            let mut cut = keep;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let short = Msg::Failed {
-                step: step.chars().take(200).collect(),
-                message: format!("{}… (shortened)", &message[..cut]),
-            };
-            let line = serde_json::to_vec(&short).ok()?;
-            if line.len() <= MAX_MSG {
-                return Some(line);
-            }
-        }
-    }
-}
 
 pub fn run(
     spec: &JailSpec,
@@ -120,7 +46,7 @@ pub fn run(
     mark(report, "request read");
     let filters = seccomp::compile().step("compile seccomp policy")?;
     mark(report, "seccomp compiled");
-    let env = super::program_env(&spec.env, "/work", "/tmp");
+    let env = crate::wire::program_env(&spec.env, "/work", "/tmp");
     let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create sync pipe")?;
     let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create status pipe")?;
 
@@ -450,50 +376,4 @@ fn watch(
 
 fn duration_us(started: Option<Instant>) -> u64 {
     started.map(|s| s.elapsed().as_micros() as u64).unwrap_or(0)
-}
-
-/// Turn a wait status into (exit code, signal).
-pub fn split_status(status: WaitStatus) -> (Option<i32>, Option<i32>) {
-    match status {
-        WaitStatus::Exited(_, code) => (Some(code), None),
-        WaitStatus::Signaled(_, sig, _) => (None, Some(sig as i32)),
-        _ => (None, None),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_long_failure_is_shortened_and_still_parses() {
-        for message in [
-            "x".repeat(10_000),
-            "\"\\é".repeat(5_000),
-            "\u{1}".repeat(3_000),
-        ] {
-            let msg = Msg::Failed {
-                step: "execve".into(),
-                message: message.clone(),
-            };
-            let line = msg.encode().expect("encodes");
-            assert!(line.len() <= MAX_MSG, "{}", line.len());
-            match serde_json::from_slice::<Msg>(&line).expect("parses") {
-                Msg::Failed { step, message: m } => {
-                    assert_eq!(step, "execve");
-                    assert!(m.ends_with("(shortened)"), "{m}");
-                    assert!(message.starts_with(m.trim_end_matches("… (shortened)")));
-                }
-                other => panic!("{other:?}"),
-            }
-        }
-        let short = Msg::Failed {
-            step: "s".into(),
-            message: "m".into(),
-        };
-        assert_eq!(
-            short.encode().expect("encodes"),
-            serde_json::to_vec(&short).expect("encodes")
-        );
-    }
 }

@@ -14,11 +14,11 @@
 //! [`StepError`] naming the step. Every process in the chain dies with its parent
 //! (`PR_SET_PDEATHSIG`), so killing the helper — or the server — kills the whole sandbox.
 
-mod cgroup;
 mod init;
 mod landlock;
 mod linux;
 mod memwatch;
+mod message;
 mod mount;
 mod process;
 mod program;
@@ -31,10 +31,12 @@ use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-pub(crate) use cgroup::{Cgroup, sweep_stale as sweep_stale_cgroups};
-pub use cgroup::{CgroupSupport, remove_spares as remove_spare_cgroups};
-
 use crate::wire::{JailReport, Mode, REPORT_FD, StepError, read_request};
+
+/// The uid and gid the program has inside its user namespace.
+pub const SANDBOX_ID: u32 = 1000;
+/// Host uid/gid the sandbox maps to when the helper runs as root: never host root.
+pub const NOBODY: u32 = gearbox_core::SANDBOX_HOST_ID;
 
 /// Attach a step name to an error.
 pub(crate) trait Step<T> {
@@ -129,33 +131,4 @@ pub(crate) fn die_with_parent(expected_parent: i32) -> std::io::Result<()> {
         ));
     }
     Ok(())
-}
-
-/// The program's environment: a fixed base, then the job's variables with the sandbox's
-/// paths substituted. Nothing is inherited from the server.
-pub(crate) fn program_env(
-    spec_env: &std::collections::BTreeMap<String, String>,
-    workspace: &str,
-    tmp: &str,
-) -> Vec<(String, String)> {
-    let mut env: std::collections::BTreeMap<String, String> = [
-        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        ("LANG", "C.UTF-8"),
-        ("LC_ALL", "C.UTF-8"),
-        ("USER", "sandbox"),
-        ("LOGNAME", "sandbox"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    env.insert("HOME".into(), workspace.to_string());
-    env.insert("PWD".into(), workspace.to_string());
-    env.insert("TMPDIR".into(), tmp.to_string());
-    for (k, v) in spec_env {
-        env.insert(
-            k.clone(),
-            v.replace("{workspace}", workspace).replace("{tmp}", tmp),
-        );
-    }
-    env.into_iter().collect()
 }

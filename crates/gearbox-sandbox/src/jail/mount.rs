@@ -79,7 +79,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
         mirror(Path::new(dir), &inside(root, Path::new(dir)))?;
     }
     build_etc(root, spec.network)?;
-    build_proc(root, spec.pooled.as_ref().is_some_and(|p| p.zygote))?;
+    build_proc(root, spec.pooled.as_ref().is_some_and(|p| p.fork_server))?;
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;
     write_files(&root.join("work"), &spec.files, files)?;
@@ -93,11 +93,11 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     drop(sources);
     if let Some(Pooled {
         launcher: Some((name, _)),
-        zygote,
+        fork_server,
     }) = &spec.pooled
     {
-        if *zygote {
-            write_zygote_files(root, spec)?;
+        if *fork_server {
+            write_fork_server_files(root, spec)?;
         }
         let script = super::launcher_script(name).ok_or_else(|| StepError {
             step: "write launcher".into(),
@@ -137,7 +137,7 @@ const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
 /// two parts (`seccomp-server-N.bpf`, which the fork server installs in itself, and
 /// `seccomp-N.bpf`, which each program adds: together the cold path's filters, see
 /// `seccomp::compile_split`), and the limits its programs apply to themselves.
-fn write_zygote_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
+fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
     let dir = root.join(".gearbox");
     for sub in ["stage", "proc"] {
         fs::create_dir_all(dir.join(sub)).step("create fork server mount points")?;

@@ -66,7 +66,7 @@ fn run_in(
         .create(&tmp)
         .step("create tmp")?;
     super::mount::write_files(&work, &spec.files, files)?;
-    let env = super::program_env(&spec.env, &work.to_string_lossy(), &tmp.to_string_lossy());
+    let env = crate::wire::program_env(&spec.env, &work.to_string_lossy(), &tmp.to_string_lossy());
     let argv: Vec<CString> = spec
         .argv
         .iter()

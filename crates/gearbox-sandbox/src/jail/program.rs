@@ -8,7 +8,7 @@ use nix::sys::resource::{Resource, setrlimit};
 use seccompiler::BpfProgram;
 
 use super::Step;
-use super::linux::Msg;
+use super::message::Msg;
 use std::os::fd::AsRawFd;
 
 use gearbox_core::Limits;

@@ -1,12 +1,12 @@
-//! The fork server ("zygote"): warm Python and Node sandboxes that cost a few forks instead
-//! of a helper, namespaces from scratch and an interpreter start.
+//! The fork server (known elsewhere as a zygote): warm Python and Node sandboxes that cost a
+//! few forks instead of a helper, namespaces from scratch and an interpreter start.
 //!
-//! One zygote runs per pool key, inside a sandbox built like any other (the helper's init
+//! One fork server runs per pool key, inside a sandbox built like any other (the helper's init
 //! builds the root and starts `launchers/python_zygote.py` or `launchers/node_zygote.js`,
 //! with the Landlock ruleset on fd 3
 //! and a `SOCK_SEQPACKET` control socket on fd 4). For each slot the server sends one packet
 //! with four fds: the slot's own control socket and the program's stdin, stdout and stderr
-//! pipes. The zygote clones the
+//! pipes. The fork server clones the
 //! run's pid 1 straight into fresh mount, network, IPC, UTS and pid namespaces; once in its
 //! own cgroup it takes a cgroup namespace, scratch tmpfs and /proc, and forks the program,
 //! which restricts itself exactly as the cold path's program does (setsid, rlimits, every
@@ -14,7 +14,7 @@
 //! inherited from the fork server, the rest its own, see `jail/seccomp.rs`) and then blocks
 //! reading its program from stdin. The loop, init and the restriction are native
 //! (`launchers/fork.rs`); only the program runs Python or JavaScript. Nothing is shared
-//! between runs but the read-only root and the zygote's pristine memory (copy-on-write).
+//! between runs but the read-only root and the fork server's pristine memory (copy-on-write).
 //!
 //! The slot speaks one JSON message per packet; the kernel attaches each sender's pid
 //! (`SO_PASSCRED`), translated into the server's pid namespace. The server puts the slot in
@@ -41,24 +41,20 @@ use nix::sys::socket::{
 use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 
-use crate::backend::{Spawned, build_outcome, spawn_with, spec_for, take_payload};
-use crate::jail::Cgroup;
+use crate::cgroup::{Cgroup, CgroupSupport};
+use crate::helper::{Spawned, build_outcome, spawn_with, spec_for, take_payload};
 use crate::wire::{HandOver, JailReport, Mode, Pooled, StepError, encode_handover};
 
-/// How long a slot may take from request to ready (the first slot waits for the zygote).
+/// How long a slot may take from request to ready (the first slot waits for the fork server).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a program may take from hand-over to `started` (reading its files).
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
-/// The nice value a fork server and the sandboxes it builds run at until a run is handed
-/// over: building the pool's next sandbox, and a finished run's teardown, yield the CPU to
-/// requests (set before the fork server's exec, see `jail/init.rs`).
-pub(crate) const BUILD_NICE: i32 = 10;
 
 /// How long output is still read after the run's pid 1 reported the exit.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
 /// The built-in launchers that have a fork server, by launcher name.
-pub(crate) fn zygote_launcher(launcher: &str) -> Option<&'static str> {
+pub(crate) fn launcher_of(launcher: &str) -> Option<&'static str> {
     match launcher {
         "python" => Some("python-zygote"),
         "node" => Some("node-zygote"),
@@ -68,7 +64,7 @@ pub(crate) fn zygote_launcher(launcher: &str) -> Option<&'static str> {
 
 /// Interpreter options a fork server starts with, after the interpreter's path. Node's V8
 /// must post no work to its platform's worker threads: they do not exist in a fork.
-fn zygote_options(launcher: &str) -> &'static [&'static str] {
+fn interpreter_options(launcher: &str) -> &'static [&'static str] {
     match launcher {
         "node-zygote" => &["--single-threaded"],
         _ => &[],
@@ -81,16 +77,13 @@ pub(crate) fn supported() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SUPPORTED.get_or_init(|| {
         nix::unistd::Uid::current().is_root()
-            && !matches!(
-                crate::jail::CgroupSupport::cached(),
-                crate::jail::CgroupSupport::None { .. }
-            )
+            && !matches!(CgroupSupport::cached(), CgroupSupport::None { .. })
     })
 }
 
 /// Whether jobs with `launcher` are served by a fork server on this host.
 pub(crate) fn serves(launcher: &str) -> Option<&'static str> {
-    zygote_launcher(launcher)
+    launcher_of(launcher)
         .filter(|_| std::env::var("GEARBOX_FORK_SERVER").as_deref() != Ok("0"))
         .filter(|_| supported())
 }
@@ -99,6 +92,24 @@ pub(crate) fn serves(launcher: &str) -> Option<&'static str> {
 /// exists (its cgroup, its scratch tmpfs). A run lowers the others at hand-over.
 pub(crate) fn built_limits(l: &Limits) -> (u64, u64, u64) {
     (l.memory_mb, l.pids, l.disk_mb)
+}
+
+/// How long one fork server serves before a fresh one replaces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkServerLife {
+    /// Slots it builds.
+    pub max_runs: u64,
+    /// Time since it started.
+    pub max_age: std::time::Duration,
+}
+
+impl Default for ForkServerLife {
+    fn default() -> Self {
+        ForkServerLife {
+            max_runs: 1000,
+            max_age: std::time::Duration::from_secs(600),
+        }
+    }
 }
 
 /// One message of a slot.
@@ -124,24 +135,24 @@ enum SlotMsg {
 }
 
 /// A running fork server.
-pub(crate) struct Zygote {
+pub(crate) struct ForkServer {
     control: Mutex<OwnedFd>,
     helper: Mutex<tokio::process::Child>,
     limits: Limits,
-    /// Set by [`Zygote::stop`]: its end is expected, not a failure.
+    /// Set by [`ForkServer::stop`]: its end is expected, not a failure.
     stopping: Arc<std::sync::atomic::AtomicBool>,
-    /// Slots asked for so far, and when it started (see [`crate::ForkServerLife`]).
+    /// Slots asked for so far, and when it started (see [`ForkServerLife`]).
     served: std::sync::atomic::AtomicU64,
     born: Instant,
 }
 
-impl Zygote {
+impl ForkServer {
     /// Start a fork server for jobs like `template` (whose launcher is `launcher`).
     pub async fn start(
         helper: &Path,
         template: &Job,
         launcher: &str,
-    ) -> Result<Arc<Zygote>, SandboxError> {
+    ) -> Result<Arc<ForkServer>, SandboxError> {
         let argv = template
             .launcher
             .as_ref()
@@ -151,7 +162,7 @@ impl Zygote {
         let at = 1.min(argv.len());
         argv.splice(
             at..at,
-            zygote_options(launcher).iter().map(|o| o.to_string()),
+            interpreter_options(launcher).iter().map(|o| o.to_string()),
         );
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
@@ -162,7 +173,7 @@ impl Zygote {
         .map_err(|e| SandboxError::Spawn(e.into()))?;
         let pooled = Pooled {
             launcher: Some((launcher.to_string(), argv)),
-            zygote: true,
+            fork_server: true,
         };
         let spec = spec_for(Mode::Linux, template, Some(pooled));
         let Spawned {
@@ -174,7 +185,7 @@ impl Zygote {
         } = spawn_with(helper, &spec, Some(theirs.as_raw_fd())).await?;
         drop(theirs);
         let _ = stdin.shutdown().await;
-        // The zygote's own output and the helper's report arrive only if it fails: log them.
+        // The fork server's own output and the helper's report arrive only if it fails: log them.
         let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = Arc::clone(&stopping);
         tokio::spawn(async move {
@@ -197,7 +208,7 @@ impl Zygote {
                 "fork server ended"
             );
         });
-        Ok(Arc::new(Zygote {
+        Ok(Arc::new(ForkServer {
             control: Mutex::new(ours),
             helper: Mutex::new(child),
             limits: template.limits,
@@ -207,15 +218,15 @@ impl Zygote {
         }))
     }
 
-    /// Whether it has served its [`crate::ForkServerLife`]: a fresh one takes its place.
-    pub fn exhausted(&self, life: crate::ForkServerLife) -> bool {
+    /// Whether it has served its [`ForkServerLife`]: a fresh one takes its place.
+    pub fn exhausted(&self, life: ForkServerLife) -> bool {
         self.served.load(std::sync::atomic::Ordering::Relaxed) >= life.max_runs
             || self.born.elapsed() >= life.max_age
     }
 
     /// Stop a fork server taken out of service once nothing of it is left: no slot waiting
     /// in the pool and no run (a run's sandbox lives inside its fork server's).
-    pub async fn retire(server: Arc<Zygote>) {
+    pub async fn retire(server: Arc<ForkServer>) {
         while Arc::strong_count(&server) > 1 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -365,8 +376,8 @@ impl Zygote {
 
 /// One built, waiting, single-use sandbox of a fork server.
 pub(crate) struct Slot {
-    /// The fork server it came from, which must outlive it (see [`Zygote::retire`]).
-    server: Arc<Zygote>,
+    /// The fork server it came from, which must outlive it (see [`ForkServer::retire`]).
+    server: Arc<ForkServer>,
     chan: AsyncFd<OwnedFd>,
     guard: RunGuard,
     stdin: tokio::net::unix::pipe::Sender,
@@ -450,7 +461,7 @@ impl Slot {
 
     /// Hand `job` over and wait for it.
     pub async fn run(self, job: Job) -> Result<(Outcome, Vec<String>), SandboxError> {
-        let env = crate::jail::program_env(&job.env, "/work", "/tmp");
+        let env = crate::wire::program_env(&job.env, "/work", "/tmp");
         let handover = HandOver {
             argv: job.argv.clone(),
             program_argv: job.program_argv.clone(),
@@ -477,7 +488,7 @@ impl Slot {
             program,
             enforced,
         } = self;
-        // Built at BUILD_NICE; the run itself gets the normal priority a cold run has.
+        // Built at a lower priority (`jail/init.rs`); the run itself gets the normal priority a cold run has.
         if let Some((pid, pidfd)) = &program
             && !pidfd_exited(pidfd)
         {
