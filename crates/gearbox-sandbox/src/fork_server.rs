@@ -43,7 +43,8 @@ use tokio::io::unix::AsyncFd;
 
 use crate::cgroup::{Cgroup, CgroupSupport};
 use crate::helper::{Spawned, build_outcome, spawn_with, spec_for, take_payload};
-use crate::wire::{HandOver, JailReport, Mode, Pooled, StepError, encode_handover};
+use crate::step::{Step, StepError};
+use crate::wire::{HandOver, JailReport, Mode, Pooled, SetupFailure, encode_handover};
 
 /// How long a slot may take from request to ready (the first slot waits for the fork server).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(20);
@@ -266,10 +267,7 @@ impl ForkServer {
     pub async fn slot(self: &Arc<Self>) -> Result<Slot, SandboxError> {
         self.served
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let setup = |step: &str, e: String| SandboxError::Setup {
-            step: step.to_string(),
-            message: e,
-        };
+        let setup = |step: Step, e: String| SandboxError::from(StepError::new(step, e));
         let (chan, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -302,7 +300,7 @@ impl ForkServer {
                 MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
                 None,
             )
-            .map_err(|e| setup("ask fork server", e.to_string()))?;
+            .map_err(|e| setup(Step::AskForkServer, e.to_string()))?;
         }
         drop((theirs, stdin_r, stdout_w, stderr_w));
         // SAFETY: `chan` is an open socket owned by the AsyncFd for its whole life.
@@ -311,35 +309,35 @@ impl ForkServer {
         let (msg, pid) = next_built(&chan, deadline).await?;
         let Ok(SlotMsg::Hello) = serde_json::from_slice(&msg) else {
             return Err(setup(
-                "build slot",
+                Step::BuildSlot,
                 format!(
                     "unexpected first message: {}",
                     String::from_utf8_lossy(&msg)
                 ),
             ));
         };
-        let pid = pid.ok_or_else(|| setup("build slot", "no sender credentials".into()))?;
+        let pid = pid.ok_or_else(|| setup(Step::BuildSlot, "no sender credentials".into()))?;
         let limits = self.limits;
         let cgroup = tokio::task::spawn_blocking(move || {
             Cgroup::create(&limits).and_then(|cg| cg.attach(pid).map(|()| cg))
         })
         .await
-        .map_err(|e| setup("join cgroup", e.to_string()))?
-        .map_err(|e| setup("join cgroup", e))?;
+        .map_err(|e| setup(Step::JoinCgroup, e.to_string()))?
+        .map_err(|e| setup(Step::JoinCgroup, e))?;
         let mut enforced = cgroup.describe();
         // From here on, a slot that fails to build is killed and its cgroup removed.
         let mut guard = RunGuard {
             init: None,
             cgroup: Some(cgroup),
         };
-        send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup("build slot", e.to_string()))?;
+        send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup(Step::BuildSlot, e.to_string()))?;
         let mut applied = false;
         let mut program = None;
         while guard.init.is_none() || !applied {
             let (msg, pid) = next_built(&chan, deadline).await?;
             match serde_json::from_slice::<SlotMsg>(&msg) {
                 Ok(SlotMsg::Ready) => {
-                    let pid = pid.ok_or_else(|| setup("build slot", "no sender pid".into()))?;
+                    let pid = pid.ok_or_else(|| setup(Step::BuildSlot, "no sender pid".into()))?;
                     guard.init = Some(pidfd_open(pid).map_err(SandboxError::Spawn)?);
                 }
                 Ok(SlotMsg::Applied { mechanisms }) => {
@@ -349,8 +347,11 @@ impl ForkServer {
                         program = Some((pid, pidfd_open(pid).map_err(SandboxError::Spawn)?));
                     }
                 }
-                Ok(SlotMsg::Failed { step, message }) => return Err(setup(&step, message)),
-                _ => return Err(setup("build slot", "unexpected message".into())),
+                // A step of the native loop (`launchers/fork/`), named by it.
+                Ok(SlotMsg::Failed { step, message }) => {
+                    return Err(SandboxError::Setup { step, message });
+                }
+                _ => return Err(setup(Step::BuildSlot, "unexpected message".into())),
             }
         }
         enforced.push(
@@ -544,12 +545,16 @@ impl Slot {
                                 report.duration_us = s.elapsed().as_micros() as u64;
                             }
                             None => {
-                                report.error = Some(StepError {
-                                    step: "hand over".into(),
-                                    message: format!(
-                                        "the program did not start within {HANDOVER_TIMEOUT:?}"
-                                    ),
-                                });
+                                report.error = Some(
+                                    StepError::new(
+                                        Step::HandOver,
+                                        format!(
+                                            "the program did not start within \
+                                             {HANDOVER_TIMEOUT:?}"
+                                        ),
+                                    )
+                                    .into(),
+                                );
                             }
                         }
                         break;
@@ -562,7 +567,7 @@ impl Slot {
                         }
                         Ok(SlotMsg::Failed { step, message }) => {
                             slot_kill();
-                            report.error = Some(StepError { step, message });
+                            report.error = Some(SetupFailure { step, message });
                             break;
                         }
                         Ok(SlotMsg::Exited {
@@ -578,10 +583,13 @@ impl Slot {
                     },
                     Ok(Ok(None)) | Ok(Err(_)) => {
                         slot_kill();
-                        report.error = Some(StepError {
-                            step: "wait for program".into(),
-                            message: "the sandbox ended without a report".into(),
-                        });
+                        report.error = Some(
+                            StepError::new(
+                                Step::WaitForProgram,
+                                "the sandbox ended without a report",
+                            )
+                            .into(),
+                        );
                         break;
                     }
                 }
@@ -611,10 +619,7 @@ async fn next_built(
     chan: &AsyncFd<OwnedFd>,
     deadline: tokio::time::Instant,
 ) -> Result<(Vec<u8>, Option<i32>), SandboxError> {
-    let setup = |message: String| SandboxError::Setup {
-        step: "build slot".into(),
-        message,
-    };
+    let setup = |message: String| SandboxError::from(StepError::new(Step::BuildSlot, message));
     match tokio::time::timeout_at(deadline, recv(chan)).await {
         Err(_) => Err(setup(format!("took longer than {BUILD_TIMEOUT:?}"))),
         Ok(Err(e)) => Err(setup(e.to_string())),

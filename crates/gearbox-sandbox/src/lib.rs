@@ -15,6 +15,7 @@ mod helper;
 mod jail;
 mod pool;
 mod probe;
+mod step;
 pub mod wire;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};

@@ -178,9 +178,10 @@ pub(crate) fn program_env(
     env.into_iter().collect()
 }
 
-/// A set-up step that failed, named like the step in the code.
+/// A set-up step that failed, as it travels between processes: the step's name (a
+/// `crate::step::Step` displayed, or a step of the fork server's native loop) and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StepError {
+pub struct SetupFailure {
     pub step: String,
     pub message: String,
 }
@@ -204,7 +205,7 @@ pub struct JailReport {
     pub duration_us: u64,
     /// From helper start to hand-over.
     pub setup_us: u64,
-    pub error: Option<StepError>,
+    pub error: Option<SetupFailure>,
     /// Mechanisms that were applied (for `doctor` and tests).
     pub enforced: Vec<String>,
     /// Microseconds since helper start at which each set-up step ended.
@@ -396,7 +397,7 @@ mod proptests {
             ),
             (
                 proptest::option::of(
-                    (text(), text()).prop_map(|(step, message)| StepError { step, message }),
+                    (text(), text()).prop_map(|(step, message)| SetupFailure { step, message }),
                 ),
                 proptest::collection::vec(text(), 0..4),
                 proptest::collection::vec((text(), any::<u64>()), 0..4),

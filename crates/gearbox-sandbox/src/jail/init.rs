@@ -12,7 +12,8 @@ use seccompiler::BpfProgram;
 
 use super::message::{GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
 use super::{SANDBOX_ID, mount, program};
-use crate::wire::{JailSpec, Pooled, StepError, read_handover};
+use crate::step::{AtStep, Step, StepError};
+use crate::wire::{JailSpec, Pooled, read_handover};
 
 /// The nice value a fork server and the sandboxes it builds run at until a run is handed
 /// over: building the pool's next sandbox, and a finished run's teardown, yield the CPU to
@@ -55,10 +56,7 @@ pub fn main(
     if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
         fail(
             &st_w,
-            StepError {
-                step: "new cgroup namespace".into(),
-                message: e.to_string(),
-            },
+            StepError::new(Step::NewCgroupNamespace, e.to_string()),
         );
     }
     let run = match &spec.pooled {
@@ -132,17 +130,10 @@ fn fork_program(
 ) -> Result<Pid, StepError> {
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
     match unsafe { fork() } {
-        Err(e) => Err(StepError {
-            step: "fork program".into(),
-            message: e.to_string(),
-        }),
+        Err(e) => Err(StepError::new(Step::ForkProgram, e.to_string())),
         Ok(ForkResult::Child) => {
             let err = program::exec(argv, env, limits, filters, have_cgroup, st_w, job_fd);
-            Msg::Failed {
-                step: err.step,
-                message: err.message,
-            }
-            .send(st_w);
+            Msg::failed(err).send(st_w);
             exit(127);
         }
         Ok(ForkResult::Parent { child }) => Ok(child),
@@ -185,11 +176,10 @@ fn start_pooled(
     st_w: &OwnedFd,
     t0: std::time::Instant,
 ) -> Result<Pid, StepError> {
-    use super::Step;
     let launcher = match &pool.launcher {
         Some((_, argv)) => {
             let (job_r, job_w) =
-                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create job pipe")?;
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateJobPipe)?;
             let child = fork_program(
                 argv,
                 env,
@@ -211,7 +201,7 @@ fn start_pooled(
     let mut stdin = std::mem::ManuallyDrop::new(unsafe {
         <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0)
     });
-    let (handover, files) = read_handover(&mut *stdin).step("read hand-over")?;
+    let (handover, files) = read_handover(&mut *stdin).step(Step::ReadHandOver)?;
     let handed = std::time::Instant::now();
     mount::write_files(std::path::Path::new("/work"), &handover.files, &files)?;
     let env = crate::wire::program_env(&handover.env, "/work", "/tmp");
@@ -228,9 +218,9 @@ fn start_pooled(
                 init_us: handed.elapsed().as_micros() as u64,
             }
             .send(st_w);
-            let bytes = serde_json::to_vec(&job).step("encode job")?;
+            let bytes = serde_json::to_vec(&job).step(Step::EncodeJob)?;
             let mut f = std::fs::File::from(job_w);
-            std::io::Write::write_all(&mut f, &bytes).step("hand over to launcher")?;
+            std::io::Write::write_all(&mut f, &bytes).step(Step::HandOverToLauncher)?;
             Ok(child)
         }
         None => {
@@ -263,34 +253,27 @@ fn start_fork_server(
     st_w: &OwnedFd,
     t0: std::time::Instant,
 ) -> Result<Pid, StepError> {
-    use super::Step;
     let Some((_, argv)) = &pool.launcher else {
-        return Err(StepError {
-            step: "start fork server".into(),
-            message: "a fork server needs a launcher".into(),
-        });
+        return Err(StepError::new(
+            Step::StartForkServer,
+            "a fork server needs a launcher",
+        ));
     };
     let argv_c = argv
         .iter()
         .map(|a| std::ffi::CString::new(a.as_str()))
         .collect::<Result<Vec<_>, _>>()
-        .step("prepare argv")?;
+        .step(Step::PrepareArgv)?;
     let envp = env
         .iter()
         .map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()
-        .step("prepare environment")?;
+        .step(Step::PrepareEnvironment)?;
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
-    match unsafe { fork() }.step("fork fork server")? {
+    match unsafe { fork() }.step(Step::ForkForkServer)? {
         ForkResult::Child => {
             let err = exec_fork_server(&argv_c, &envp);
-            fail(
-                st_w,
-                StepError {
-                    step: "start fork server".into(),
-                    message: err.to_string(),
-                },
-            );
+            fail(st_w, StepError::new(Step::StartForkServer, err.to_string()));
         }
         ForkResult::Parent { child } => {
             Msg::Ready {
@@ -388,29 +371,24 @@ fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> s
 
 /// Become the sandbox user (keeping capabilities inside the namespace), then build the root.
 fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
-    use super::Step;
     let id = SANDBOX_ID;
     nix::unistd::setresgid(Gid::from_raw(id), Gid::from_raw(id), Gid::from_raw(id))
-        .step("become sandbox group")?;
+        .step(Step::BecomeSandboxGroup)?;
     nix::unistd::setresuid(Uid::from_raw(id), Uid::from_raw(id), Uid::from_raw(id))
-        .step("become sandbox user")?;
+        .step(Step::BecomeSandboxUser)?;
     // Changing credentials clears the parent-death signal: set it again, so that a helper
     // killed from now on still takes init (and with it the whole pid namespace) along.
-    super::die_with_parent(0).step("tie init to helper")?;
+    super::die_with_parent(0).step(Step::TieInitToHelper)?;
     mount::build_root(spec, &files)?;
-    nix::unistd::sethostname("gearbox").step("set hostname")?;
+    nix::unistd::sethostname("gearbox").step(Step::SetHostname)?;
     if !spec.network {
-        loopback_up().step("bring up loopback")?;
+        loopback_up().step(Step::BringUpLoopback)?;
     }
     Ok(())
 }
 
 fn fail(st_w: &OwnedFd, e: StepError) -> ! {
-    Msg::Failed {
-        step: e.step,
-        message: e.message,
-    }
-    .send(st_w);
+    Msg::failed(e).send(st_w);
     exit(1)
 }
 

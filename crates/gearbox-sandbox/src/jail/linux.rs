@@ -13,9 +13,10 @@ use nix::unistd::{Gid, Pid, Uid, pipe2};
 
 use super::memwatch::{self, MemoryWatch};
 use super::message::{GO_BUILD, GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
-use super::{NOBODY, SANDBOX_ID, Step, init, seccomp};
+use super::{NOBODY, SANDBOX_ID, init, seccomp};
 use crate::cgroup::Cgroup;
-use crate::wire::{JailReport, JailSpec, StepError};
+use crate::step::{AtStep, Step, StepError};
+use crate::wire::{JailReport, JailSpec, SetupFailure};
 
 /// How long building the sandbox may take before the helper gives up.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -27,7 +28,7 @@ pub fn run(
     files: Vec<Vec<u8>>,
     start: Instant,
     report: &mut JailReport,
-) -> Result<(), StepError> {
+) -> Result<(), SetupFailure> {
     let root = Uid::current().is_root();
     let (outer_uid, outer_gid) = if root {
         (NOBODY, NOBODY)
@@ -36,7 +37,7 @@ pub fn run(
     };
     if root {
         // Supplementary groups would follow the program into the sandbox.
-        nix::unistd::setgroups(&[]).step("drop supplementary groups")?;
+        nix::unistd::setgroups(&[]).step(Step::DropSupplementaryGroups)?;
     }
     let mark = |report: &mut JailReport, what: &str| {
         report
@@ -44,11 +45,11 @@ pub fn run(
             .push((what.to_string(), start.elapsed().as_micros() as u64));
     };
     mark(report, "request read");
-    let filters = seccomp::compile().step("compile seccomp policy")?;
+    let filters = seccomp::compile().step(Step::CompileSeccompPolicy)?;
     mark(report, "seccomp compiled");
     let env = crate::wire::program_env(&spec.env, "/work", "/tmp");
-    let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create sync pipe")?;
-    let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create status pipe")?;
+    let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateSyncPipe)?;
+    let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateStatusPipe)?;
 
     let mut flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
@@ -72,7 +73,7 @@ pub fn run(
         )
     };
     if pid < 0 {
-        return Err(std::io::Error::last_os_error()).step("clone into new namespaces");
+        Err(std::io::Error::last_os_error()).step(Step::CloneIntoNewNamespaces)?;
     }
     if pid == 0 {
         drop(go_w);
@@ -89,7 +90,7 @@ pub fn run(
     let mut cgroup = None;
     let released = (|| -> Result<(), StepError> {
         write_id_maps(init_pid, outer_uid, outer_gid)?;
-        nix::unistd::write(&go_w, GO_BUILD).step("release init")?;
+        nix::unistd::write(&go_w, GO_BUILD).step(Step::ReleaseInit)?;
         mark(report, "released");
         if root {
             match Cgroup::create(&spec.limits)
@@ -108,13 +109,13 @@ pub fn run(
         } else {
             GO_RUN_RLIMITS
         };
-        nix::unistd::write(&go_w, go).step("start program")?;
+        nix::unistd::write(&go_w, go).step(Step::StartProgram)?;
         Ok(())
     })();
     if let Err(e) = released {
         let _ = kill(init_pid, Signal::SIGKILL);
         let _ = waitpid(init_pid, None);
-        return Err(e);
+        return Err(e.into());
     }
     report.enforced.push(format!(
         "namespaces: user (uid {SANDBOX_ID} -> host {outer_uid}), mount, pid, ipc, uts, cgroup{}",
@@ -178,10 +179,11 @@ pub fn run(
         return Err(e);
     }
     if !watch.exited && !watch.timed_out && !watch.over_memory {
-        return Err(StepError {
-            step: "wait for program".into(),
-            message: format!("init ended without a report ({init_status:?})"),
-        });
+        return Err(StepError::new(
+            Step::WaitForProgram,
+            format!("init ended without a report ({init_status:?})"),
+        )
+        .into());
     }
     // The caller has all it needs: answer first, then remove the cgroup (rmdir of a memory
     // cgroup can take milliseconds).
@@ -194,12 +196,12 @@ pub fn run(
 /// Write setgroups, gid_map and uid_map of the new user namespace.
 fn write_id_maps(pid: Pid, outer_uid: u32, outer_gid: u32) -> Result<(), StepError> {
     let base = format!("/proc/{}", pid.as_raw());
-    let write = |file: &str, content: String| -> Result<(), StepError> {
+    let write = |file: &'static str, content: String| -> Result<(), StepError> {
         File::options()
             .write(true)
             .open(format!("{base}/{file}"))
             .and_then(|mut f| f.write_all(content.as_bytes()))
-            .step(&format!("write {file}"))
+            .step(Step::WriteIdMap(file))
     };
     write("setgroups", "deny".into())?;
     write("gid_map", format!("{SANDBOX_ID} {outer_gid} 1\n"))?;
@@ -213,7 +215,8 @@ struct Watch {
     timed_out: bool,
     /// The sampled memory of the run passed its limit (no cgroup).
     over_memory: bool,
-    failed: Option<StepError>,
+    /// A step that failed: the helper's own, or one init or the program reported.
+    failed: Option<SetupFailure>,
     /// The collected workspace: every byte init sent after its `Exited` line.
     trailer: Vec<u8>,
 }
@@ -235,10 +238,7 @@ fn watch(
     let mut file = match st_r.try_clone() {
         Ok(fd) => File::from(fd),
         Err(e) => {
-            w.failed = Some(StepError {
-                step: "watch".into(),
-                message: e.to_string(),
-            });
+            w.failed = Some(StepError::new(Step::Watch, e.to_string()).into());
             return w;
         }
     };
@@ -279,10 +279,13 @@ fn watch(
                 report.timed_out = true;
                 report.duration_us = duration_us(started);
             } else {
-                w.failed = Some(StepError {
-                    step: "build sandbox".into(),
-                    message: format!("took longer than {SETUP_TIMEOUT:?}"),
-                });
+                w.failed = Some(
+                    StepError::new(
+                        Step::BuildSandbox,
+                        format!("took longer than {SETUP_TIMEOUT:?}"),
+                    )
+                    .into(),
+                );
             }
             return w;
         }
@@ -297,10 +300,7 @@ fn watch(
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => {
-                w.failed = Some(StepError {
-                    step: "watch".into(),
-                    message: e.to_string(),
-                });
+                w.failed = Some(StepError::new(Step::Watch, e.to_string()).into());
                 return w;
             }
         }
@@ -350,7 +350,7 @@ fn watch(
                 }
                 Msg::Applied { mechanisms } => report.enforced.extend(mechanisms),
                 Msg::Failed { step, message } => {
-                    w.failed = Some(StepError { step, message });
+                    w.failed = Some(SetupFailure { step, message });
                 }
                 Msg::Exited {
                     code,

@@ -3,6 +3,8 @@
 
 use std::os::fd::OwnedFd;
 
+use crate::step::StepError;
+
 /// Byte that lets init build the root.
 pub const GO_BUILD: &[u8] = b"b";
 /// Byte that lets init start the program, memory capped by the cgroup.
@@ -39,6 +41,14 @@ pub enum Msg {
 pub const MAX_MSG: usize = 3800;
 
 impl Msg {
+    /// A failed step, as its display text and message.
+    pub fn failed(e: StepError) -> Msg {
+        Msg::Failed {
+            step: e.step.to_string(),
+            message: e.message,
+        }
+    }
+
     /// Send as one line of at most [`MAX_MSG`] bytes: a longer `Failed` message is shortened
     /// (never the JSON itself, which would no longer parse).
     pub fn send(&self, fd: &OwnedFd) {

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::statvfs::{FsFlags, statvfs};
 
-use super::Step;
-use crate::wire::{JailSpec, Pooled, StepError};
+use crate::step::{AtStep, Step, StepError};
+use crate::wire::{JailSpec, Pooled};
 
 /// Where the new root is assembled, inside our private mount namespace only.
 const NEWROOT: &str = "/tmp";
@@ -48,7 +48,7 @@ const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
-        .step("make mounts private")?;
+        .step(Step::MakeMountsPrivate)?;
     // The server's mounts (package layers, the broker's run directory) are opened before the
     // new root covers NEWROOT (/tmp): one under /tmp, as the broker's is by default when the
     // server is unprivileged, would be hidden otherwise. They are bound through these
@@ -72,7 +72,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("size=8m,nr_inodes=4096,mode=0755"),
     )
-    .step("mount root tmpfs")?;
+    .step(Step::MountRootTmpfs)?;
     let root = Path::new(NEWROOT);
 
     for dir in SYSTEM_DIRS {
@@ -99,21 +99,23 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
         if *fork_server {
             write_fork_server_files(root, spec)?;
         }
-        let script = super::launcher_script(name).ok_or_else(|| StepError {
-            step: "write launcher".into(),
-            message: format!("no built-in launcher {name:?}"),
+        let script = super::launcher_script(name).ok_or_else(|| {
+            StepError::new(
+                Step::WriteLauncher,
+                format!("no built-in launcher {name:?}"),
+            )
         })?;
         let path = inside(root, Path::new(gearbox_core::LAUNCHER_PATH));
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).step("create launcher directory")?;
+            fs::create_dir_all(parent).step(Step::CreateLauncherDirectory)?;
         }
-        fs::write(&path, script).step("write launcher")?;
+        fs::write(&path, script).step(Step::WriteLauncher)?;
     }
 
-    nix::unistd::chdir(root).step("enter new root")?;
-    nix::unistd::pivot_root(".", ".").step("pivot_root")?;
-    umount2(".", MntFlags::MNT_DETACH).step("detach old root")?;
-    nix::unistd::chdir("/").step("enter /")?;
+    nix::unistd::chdir(root).step(Step::EnterNewRoot)?;
+    nix::unistd::pivot_root(".", ".").step(Step::PivotRoot)?;
+    umount2(".", MntFlags::MNT_DETACH).step(Step::DetachOldRoot)?;
+    nix::unistd::chdir("/").step(Step::EnterRoot)?;
     mount(
         none,
         "/",
@@ -125,7 +127,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
             | MsFlags::MS_NODEV,
         none,
     )
-    .step("make root read-only")?;
+    .step(Step::MakeRootReadOnly)?;
     Ok(())
 }
 
@@ -140,10 +142,10 @@ const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
 fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
     let dir = root.join(".gearbox");
     for sub in ["stage", "proc"] {
-        fs::create_dir_all(dir.join(sub)).step("create fork server mount points")?;
+        fs::create_dir_all(dir.join(sub)).step(Step::CreateForkServerMountPoints)?;
     }
-    fs::write(dir.join("fork.so"), FORK_SO).step("write fork server loop")?;
-    let (server, program) = super::seccomp::compile_split().step("compile seccomp policy")?;
+    fs::write(dir.join("fork.so"), FORK_SO).step(Step::WriteForkServerLoop)?;
+    let (server, program) = super::seccomp::compile_split().step(Step::CompileSeccompPolicy)?;
     for (prefix, filters) in [("seccomp-server-", server), ("seccomp-", program)] {
         for (i, filter) in filters.iter().enumerate() {
             let mut bytes = Vec::with_capacity(filter.len() * 8);
@@ -153,7 +155,8 @@ fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError
                 bytes.push(insn.jf);
                 bytes.extend_from_slice(&insn.k.to_ne_bytes());
             }
-            fs::write(dir.join(format!("{prefix}{i}.bpf")), bytes).step("write seccomp filters")?;
+            fs::write(dir.join(format!("{prefix}{i}.bpf")), bytes)
+                .step(Step::WriteSeccompFilters)?;
         }
     }
     let l = &spec.limits;
@@ -163,7 +166,7 @@ fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError
         "file_size_mb": l.file_size_mb,
         "cpu_s": l.cpu_rlimit_secs(),
     });
-    fs::write(dir.join("zygote.json"), config.to_string()).step("write fork server limits")
+    fs::write(dir.join("zygote.json"), config.to_string()).step(Step::WriteForkServerLimits)
 }
 
 fn inside(root: &Path, host: &Path) -> PathBuf {
@@ -176,8 +179,8 @@ fn mirror(src: &Path, dst: &Path) -> Result<(), StepError> {
         return Ok(());
     };
     if meta.file_type().is_symlink() {
-        let target = fs::read_link(src).step(&format!("read link {}", src.display()))?;
-        return symlink(&target, dst).step(&format!("link {}", dst.display()));
+        let target = fs::read_link(src).step(Step::ReadLink(src.to_path_buf()))?;
+        return symlink(&target, dst).step(Step::Link(dst.to_path_buf()));
     }
     bind_ro(src, dst)
 }
@@ -190,19 +193,19 @@ fn bind_ro(src: &Path, dst: &Path) -> Result<(), StepError> {
 
 /// [`bind_ro`] of `src`, named `name` in errors (`src` may be a `/proc/self/fd` link).
 fn bind_ro_named(src: &Path, dst: &Path, name: &Path) -> Result<(), StepError> {
-    let what = format!("bind {}", name.display());
-    let meta = fs::metadata(src).step(&what)?;
+    let what = || Step::Bind(name.to_path_buf());
+    let meta = fs::metadata(src).step(what())?;
     if let Some(parent) = dst.parent() {
-        fs::create_dir_all(parent).step(&what)?;
+        fs::create_dir_all(parent).step(what())?;
     }
     if meta.is_dir() {
         fs::DirBuilder::new()
             .mode(0o755)
             .create(dst)
             .or_else(ignore_exists)
-            .step(&what)?;
+            .step(what())?;
     } else if fs::symlink_metadata(dst).is_err() {
-        fs::File::create(dst).step(&what)?;
+        fs::File::create(dst).step(what())?;
     }
     let none: Option<&str> = None;
     mount(
@@ -212,8 +215,8 @@ fn bind_ro_named(src: &Path, dst: &Path, name: &Path) -> Result<(), StepError> {
         MsFlags::MS_BIND | MsFlags::MS_REC,
         none,
     )
-    .step(&what)?;
-    remount_ro(dst).step(&format!("make {} read-only", dst.display()))
+    .step(what())?;
+    remount_ro(dst).step(Step::MakeReadOnly(dst.to_path_buf()))
 }
 
 fn remount_ro(path: &Path) -> nix::Result<()> {
@@ -247,7 +250,7 @@ fn ignore_exists(e: std::io::Error) -> std::io::Result<()> {
 
 fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
     let etc = root.join("etc");
-    fs::create_dir(&etc).step("create /etc")?;
+    fs::create_dir(&etc).step(Step::CreateEtc)?;
     let generated: &[(&str, &str)] = &[
         (
             "passwd",
@@ -265,7 +268,7 @@ fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
         ),
     ];
     for (name, content) in generated {
-        fs::write(etc.join(name), content).step(&format!("write /etc/{name}"))?;
+        fs::write(etc.join(name), content).step(Step::WriteEtc(name))?;
     }
     let extra: &[&str] = if network { ETC_NETWORK_ENTRIES } else { &[] };
     for name in ETC_ENTRIES.iter().chain(extra) {
@@ -275,13 +278,13 @@ fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
             continue;
         };
         if meta.file_type().is_symlink() && !network {
-            let target = fs::read_link(&src).step(&format!("read link {}", src.display()))?;
-            symlink(&target, &dst).step(&format!("link {}", dst.display()))?;
+            let target = fs::read_link(&src).step(Step::ReadLink(src.clone()))?;
+            symlink(&target, &dst).step(Step::Link(dst.clone()))?;
         } else if fs::metadata(&src).map(|m| m.is_dir()).unwrap_or(false) {
             bind_ro(&src, &dst)?;
         } else if let Ok(content) = fs::read(&src) {
             // Copy (following links): resolv.conf often points into /run.
-            fs::write(&dst, content).step(&format!("copy {}", src.display()))?;
+            fs::write(&dst, content).step(Step::Copy(src.clone()))?;
         }
     }
     Ok(())
@@ -292,7 +295,7 @@ fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
 /// namespace only while the fork server's /proc has nothing mounted on it.
 fn build_proc(root: &Path, fork_server: bool) -> Result<(), StepError> {
     let proc_dir = root.join("proc");
-    fs::create_dir(&proc_dir).step("create /proc")?;
+    fs::create_dir(&proc_dir).step(Step::CreateProc)?;
     mount(
         Some("proc"),
         &proc_dir,
@@ -300,10 +303,9 @@ fn build_proc(root: &Path, fork_server: bool) -> Result<(), StepError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .step("mount /proc")?;
+    .step(Step::MountProc)?;
     for (name, value) in USER_LIMITS {
-        fs::write(proc_dir.join("sys/user").join(name), value)
-            .step("limit the run's kernel counters")?;
+        fs::write(proc_dir.join("sys/user").join(name), value).step(Step::LimitKernelCounters)?;
     }
     if fork_server {
         return Ok(());
@@ -319,7 +321,7 @@ fn build_proc(root: &Path, fork_server: bool) -> Result<(), StepError> {
 
 fn build_dev(root: &Path) -> Result<(), StepError> {
     let dev = root.join("dev");
-    fs::create_dir(&dev).step("create /dev")?;
+    fs::create_dir(&dev).step(Step::CreateDev)?;
     mount(
         Some("tmpfs"),
         &dev,
@@ -327,11 +329,11 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("size=64k,nr_inodes=64,mode=0755"),
     )
-    .step("mount /dev")?;
+    .step(Step::MountDev)?;
     for name in DEVICES {
         let src = Path::new("/dev").join(name);
         let dst = dev.join(name);
-        fs::File::create(&dst).step(&format!("create /dev/{name}"))?;
+        fs::File::create(&dst).step(Step::CreateDevice(name.to_string()))?;
         mount(
             Some(&src),
             &dst,
@@ -339,7 +341,7 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .step(&format!("bind /dev/{name}"))?;
+        .step(Step::BindDevice(name.to_string()))?;
     }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
@@ -347,9 +349,9 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        symlink(target, dev.join(name)).step(&format!("link /dev/{name}"))?;
+        symlink(target, dev.join(name)).step(Step::LinkDevice(name))?;
     }
-    fs::create_dir(dev.join("shm")).step("create /dev/shm")?;
+    fs::create_dir(dev.join("shm")).step(Step::CreateDevShm)?;
     Ok(())
 }
 
@@ -357,7 +359,7 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
 /// program can write.
 fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
     let stage = root.join(".scratch");
-    fs::create_dir(&stage).step("create scratch")?;
+    fs::create_dir(&stage).step(Step::CreateScratch)?;
     let inodes = (disk_mb * 64).clamp(1024, 1 << 20);
     mount(
         Some("tmpfs"),
@@ -366,17 +368,17 @@ fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(format!("size={disk_mb}m,nr_inodes={inodes},mode=0755").as_str()),
     )
-    .step("mount scratch tmpfs")?;
+    .step(Step::MountScratchTmpfs)?;
     for (sub, mode, target) in [
         ("work", 0o755, root.join("work")),
         ("tmp", 0o1777, root.join("tmp")),
         ("shm", 0o1777, root.join("dev/shm")),
     ] {
         let src = stage.join(sub);
-        fs::create_dir(&src).step("create scratch dir")?;
-        fs::set_permissions(&src, fs::Permissions::from_mode(mode)).step("chmod scratch dir")?;
+        fs::create_dir(&src).step(Step::CreateScratchDir)?;
+        fs::set_permissions(&src, fs::Permissions::from_mode(mode)).step(Step::ChmodScratchDir)?;
         if !target.exists() {
-            fs::create_dir(&target).step(&format!("create /{sub}"))?;
+            fs::create_dir(&target).step(Step::CreateScratchTarget(sub.to_string()))?;
         }
         mount(
             Some(&src),
@@ -385,10 +387,10 @@ fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .step(&format!("bind /{sub}"))?;
+        .step(Step::BindScratch(sub.to_string()))?;
     }
-    umount2(&stage, MntFlags::MNT_DETACH).step("detach scratch stage")?;
-    fs::remove_dir(&stage).step("remove scratch stage")?;
+    umount2(&stage, MntFlags::MNT_DETACH).step(Step::DetachScratchStage)?;
+    fs::remove_dir(&stage).step(Step::RemoveScratchStage)?;
     Ok(())
 }
 
@@ -402,14 +404,14 @@ pub fn write_files(
     for ((name, _), content) in names.iter().zip(files) {
         // The server validated every name; the helper checks again with the same rule
         // before writing as the sandbox user.
-        gearbox_core::validate_relative_path("file name", name).step("write files")?;
+        gearbox_core::validate_relative_path("file name", name).step(Step::WriteFiles)?;
         let path = work.join(name);
         if let Some(parent) = path.parent() {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o755)
                 .create(parent)
-                .step(&format!("create directory for {name}"))?;
+                .step(Step::CreateDirectoryFor(name.clone()))?;
         }
         let mode = if content.starts_with(b"#!") {
             0o755
@@ -423,7 +425,7 @@ pub fn write_files(
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .and_then(|mut f| std::io::Write::write_all(&mut f, content))
-            .step(&format!("write {name}"))?;
+            .step(Step::WriteFile(name.clone()))?;
     }
     Ok(())
 }
