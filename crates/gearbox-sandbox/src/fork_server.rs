@@ -13,7 +13,7 @@
 //! capability dropped, no_new_privs, Landlock, the cold path's seccomp allow list: part
 //! inherited from the fork server, the rest its own, see `jail/seccomp.rs`) and then blocks
 //! reading its program from stdin. The loop, init and the restriction are native
-//! (`launchers/fork.rs`); only the program runs Python or JavaScript. Nothing is shared
+//! (`launchers/fork/`); only the program runs Python or JavaScript. Nothing is shared
 //! between runs but the read-only root and the fork server's pristine memory (copy-on-write).
 //!
 //! The slot speaks one JSON message per packet; the kernel attaches each sender's pid

@@ -15,8 +15,12 @@ mod helper;
 mod jail;
 mod pool;
 mod probe;
+mod restriction;
 mod step;
 pub mod wire;
+
+#[cfg(test)]
+mod fork_abi;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};
 pub use cgroup::{CgroupSupport, remove_spares as remove_spare_cgroups};

@@ -380,7 +380,7 @@ fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
     // killed from now on still takes init (and with it the whole pid namespace) along.
     super::die_with_parent(0).step(Step::TieInitToHelper)?;
     mount::build_root(spec, &files)?;
-    nix::unistd::sethostname("gearbox").step(Step::SetHostname)?;
+    nix::unistd::sethostname(crate::restriction::HOSTNAME).step(Step::SetHostname)?;
     if !spec.network {
         loopback_up().step(Step::BringUpLoopback)?;
     }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::statvfs::{FsFlags, statvfs};
 
+use crate::restriction::{DEVICES, PROC_READONLY, SCRATCH, USER_LIMITS, scratch_inodes};
 use crate::step::{AtStep, Step, StepError};
 use crate::wire::{JailSpec, Pooled};
 
@@ -33,17 +34,6 @@ const ETC_ENTRIES: &[&str] = &[
 ];
 /// Extra /etc entries a run with network access needs (DNS, TLS roots).
 const ETC_NETWORK_ENTRIES: &[&str] = &["resolv.conf", "ssl", "ca-certificates", "gai.conf"];
-/// Device nodes bound from the host.
-const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
-/// Limits of the run's user namespace (`/proc/sys/user`): how much of the host user's
-/// inotify budget one run may hold (the counters are charged to every user namespace up to
-/// the host's, each checked against its own limit). `launchers/fork.rs` sets the same.
-const USER_LIMITS: &[(&str, &str)] = &[
-    ("max_inotify_instances", "16"),
-    ("max_inotify_watches", "4096"),
-];
-/// /proc entries re-bound read-only (and kernel knobs the program must never write).
-const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
 pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     let none: Option<&str> = None;
@@ -131,7 +121,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     Ok(())
 }
 
-/// The fork server's native loop (`launchers/fork.rs`, built by `build.rs`).
+/// The fork server's native loop (`launchers/fork/`, built by `build.rs`).
 const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
 
 /// What a fork server needs beside its script (`launchers/python_zygote.py`, `node_zygote.js`): its
@@ -330,12 +320,13 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
         Some("size=64k,nr_inodes=64,mode=0755"),
     )
     .step(Step::MountDev)?;
-    for name in DEVICES {
-        let src = Path::new("/dev").join(name);
+    for path in DEVICES {
+        let name = path.strip_prefix("/dev/").unwrap_or(path);
+        let src = Path::new(path);
         let dst = dev.join(name);
         fs::File::create(&dst).step(Step::CreateDevice(name.to_string()))?;
         mount(
-            Some(&src),
+            Some(src),
             &dst,
             None::<&str>,
             MsFlags::MS_BIND,
@@ -360,7 +351,7 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
 fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
     let stage = root.join(".scratch");
     fs::create_dir(&stage).step(Step::CreateScratch)?;
-    let inodes = (disk_mb * 64).clamp(1024, 1 << 20);
+    let inodes = scratch_inodes(disk_mb);
     mount(
         Some("tmpfs"),
         &stage,
@@ -369,11 +360,9 @@ fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
         Some(format!("size={disk_mb}m,nr_inodes={inodes},mode=0755").as_str()),
     )
     .step(Step::MountScratchTmpfs)?;
-    for (sub, mode, target) in [
-        ("work", 0o755, root.join("work")),
-        ("tmp", 0o1777, root.join("tmp")),
-        ("shm", 0o1777, root.join("dev/shm")),
-    ] {
+    for area in &SCRATCH {
+        let (sub, mode) = (area.stage, area.mode);
+        let target = inside(root, Path::new(area.target));
         let src = stage.join(sub);
         fs::create_dir(&src).step(Step::CreateScratchDir)?;
         fs::set_permissions(&src, fs::Permissions::from_mode(mode)).step(Step::ChmodScratchDir)?;
@@ -428,26 +417,4 @@ pub fn write_files(
             .step(Step::WriteFile(name.clone()))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    /// The fork server's native init (`launchers/fork.rs`, built outside this crate) makes
-    /// the same /proc entries read-only as the cold path.
-    #[test]
-    fn the_fork_servers_init_protects_the_same_proc_entries() {
-        let native = include_str!("../launchers/fork.rs");
-        let line = native
-            .lines()
-            .find(|l| l.starts_with("const PROC_READONLY"))
-            .expect("fork.rs lists PROC_READONLY");
-        let listed = line.matches("b\"").count();
-        assert_eq!(listed, super::PROC_READONLY.len(), "{line}");
-        for entry in super::PROC_READONLY {
-            assert!(
-                line.contains(&format!("b\"{entry}\\0\"")),
-                "{entry}: {line}"
-            );
-        }
-    }
 }

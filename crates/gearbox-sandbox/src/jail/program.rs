@@ -12,6 +12,7 @@ use std::os::fd::AsRawFd;
 
 use gearbox_core::Limits;
 
+use crate::restriction::{MESSAGE_QUEUE_BYTES, PENDING_SIGNALS};
 use crate::step::{AtStep, Step, StepError};
 
 /// Apply the program's own restrictions and exec it. Returns only on failure.
@@ -62,7 +63,7 @@ fn prepare_and_exec(
         return Err(std::io::Error::last_os_error()).step(Step::SetNoNewPrivs);
     }
     let mut applied = vec!["capabilities: none".to_string(), "no_new_privs".to_string()];
-    applied.push(super::landlock::restrict(&["/work", "/tmp", "/dev/shm"]).step(Step::Landlock)?);
+    applied.push(super::landlock::restrict().step(Step::Landlock)?);
     for f in filters {
         seccompiler::apply_filter(f).step(Step::InstallSeccompFilter)?;
     }
@@ -132,10 +133,10 @@ pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
     )?;
     set(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1, "cpu")?;
     set(Resource::RLIMIT_NPROC, l.pids, l.pids, "nproc")?;
-    // Per-user counters, counted in the run's own user namespace: its share of the host
-    // user's pending signals and POSIX message-queue bytes (`launchers/fork.rs` sets the same).
-    set(Resource::RLIMIT_SIGPENDING, 1024, 1024, "sigpending")?;
-    set(Resource::RLIMIT_MSGQUEUE, 65536, 65536, "msgqueue")?;
+    // Per-user counters, counted in the run's own user namespace.
+    let (signals, queues) = (PENDING_SIGNALS, MESSAGE_QUEUE_BYTES);
+    set(Resource::RLIMIT_SIGPENDING, signals, signals, "sigpending")?;
+    set(Resource::RLIMIT_MSGQUEUE, queues, queues, "msgqueue")?;
     if !have_cgroup {
         // Without a memory cgroup, cap private writable memory. RLIMIT_AS would break Node
         // and Go, which reserve large address ranges without touching them.
