@@ -9,15 +9,23 @@
 //! gears or configuration files.
 
 mod backend;
+mod cgroup;
+mod fork_server;
+mod helper;
 mod jail;
 mod pool;
 mod probe;
+mod restriction;
+mod step;
 pub mod wire;
-mod zygote;
+
+#[cfg(test)]
+mod fork_abi;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};
-pub use jail::{CgroupSupport, remove_spare_cgroups};
-pub use pool::{ForkServerLife, PoolStats, WarmPool};
+pub use cgroup::{CgroupSupport, remove_spares as remove_spare_cgroups};
+pub use fork_server::ForkServerLife;
+pub use pool::{PoolStats, WarmPool};
 pub use probe::unenforced_limits;
 
 /// Entry point of the `__jail` helper. Never returns.

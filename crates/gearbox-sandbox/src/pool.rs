@@ -9,7 +9,7 @@
 //! Only jobs whose sandbox is identical to the pool's template are served warm (same
 //! language, environment, limits, mounts, no network); any other job starts cold.
 //!
-//! Where the language has a fork server (`zygote.rs`: Python, Node) and the host gives per-run
+//! Where the language has a fork server (`fork_server.rs`: Python, Node) and the host gives per-run
 //! cgroups, a warm sandbox is a slot forked from the key's fork server instead of a whole
 //! helper: a few forks instead of two process starts and an interpreter start. A fork server
 //! that fails three times in a row is given up for helper-built sandboxes. A fork server
@@ -27,9 +27,9 @@ use std::time::Instant;
 use gearbox_core::Job;
 use serde::Serialize;
 
-use crate::backend::{Spawned, spawn, spec_for};
+use crate::fork_server::{self, ForkServer, ForkServerLife};
+use crate::helper::{Spawned, spawn, spec_for};
 use crate::wire::{Mode, Pooled};
-use crate::zygote::{self, Zygote};
 
 /// Consecutive failures after which a key's fork server is given up.
 const FORK_SERVER_FAILURES: u32 = 3;
@@ -42,7 +42,7 @@ pub(crate) enum Warm {
     /// A helper whose init built the sandbox and waits for the hand-over.
     Helper(Spawned),
     /// A slot of a fork server.
-    Forked(zygote::Slot),
+    Forked(fork_server::Slot),
 }
 
 impl Warm {
@@ -55,28 +55,11 @@ impl Warm {
     }
 }
 
+/// The fork server of one key, and its failures in a row.
 #[derive(Default)]
-struct ForkServer {
-    zygote: Option<Arc<Zygote>>,
+struct KeyServer {
+    server: Option<Arc<ForkServer>>,
     failures: u32,
-}
-
-/// How long one fork server serves before a fresh one replaces it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ForkServerLife {
-    /// Slots it builds.
-    pub max_runs: u64,
-    /// Time since it started.
-    pub max_age: std::time::Duration,
-}
-
-impl Default for ForkServerLife {
-    fn default() -> Self {
-        ForkServerLife {
-            max_runs: 1000,
-            max_age: std::time::Duration::from_secs(600),
-        }
-    }
 }
 
 /// Most warm sandboxes one key may hold, whatever the demand.
@@ -94,12 +77,12 @@ fn key(job: &Job) -> Option<String> {
     let forked = job
         .launcher
         .as_ref()
-        .and_then(|(name, _)| zygote::serves(name));
+        .and_then(|(name, _)| fork_server::serves(name));
     match forked {
         Some(_) => serde_json::to_string(&(
             &job.language,
             &job.env,
-            zygote::built_limits(&job.limits),
+            fork_server::built_limits(&job.limits),
             &job.mounts,
             &job.launcher,
         )),
@@ -114,7 +97,8 @@ fn key(job: &Job) -> Option<String> {
     .ok()
 }
 
-struct Slot {
+/// The warm sandboxes of one key.
+struct KeyPool {
     template: Job,
     min: usize,
     target: usize,
@@ -144,8 +128,8 @@ pub struct PoolStats {
 
 pub struct WarmPool {
     helper: PathBuf,
-    slots: Mutex<HashMap<String, Slot>>,
-    fork_servers: tokio::sync::Mutex<HashMap<String, ForkServer>>,
+    keys: Mutex<HashMap<String, KeyPool>>,
+    fork_servers: tokio::sync::Mutex<HashMap<String, KeyServer>>,
     /// Woken whenever a warm sandbox becomes ready.
     filled: tokio::sync::Notify,
     spawned: AtomicU64,
@@ -160,7 +144,7 @@ impl WarmPool {
     pub fn new(helper: PathBuf) -> Arc<WarmPool> {
         Arc::new(WarmPool {
             helper,
-            slots: Mutex::new(HashMap::new()),
+            keys: Mutex::new(HashMap::new()),
             fork_servers: tokio::sync::Mutex::new(HashMap::new()),
             filled: tokio::sync::Notify::new(),
             spawned: AtomicU64::new(0),
@@ -180,8 +164,8 @@ impl WarmPool {
         self.retired.load(Ordering::Relaxed)
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<String, KeyPool>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keep at least `min` warm sandboxes like `template`. Must run inside a tokio runtime.
@@ -191,10 +175,10 @@ impl WarmPool {
         let fork_server = template
             .launcher
             .as_ref()
-            .and_then(|(name, _)| zygote::serves(name));
-        self.slots().insert(
+            .and_then(|(name, _)| fork_server::serves(name));
+        self.keys().insert(
             k.clone(),
-            Slot {
+            KeyPool {
                 template,
                 min,
                 target: min,
@@ -223,9 +207,9 @@ impl WarmPool {
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let slots = self.slots();
-                let slot = slots.get(&k)?;
-                if slot.fork_server.is_none() || (slot.filling == 0 && slot.ready.is_empty()) {
+                let keys = self.keys();
+                let pool = keys.get(&k)?;
+                if pool.fork_server.is_none() || (pool.filling == 0 && pool.ready.is_empty()) {
                     return None;
                 }
             }
@@ -242,14 +226,14 @@ impl WarmPool {
     fn take(self: &Arc<Self>, job: &Job, count_miss: bool) -> Option<Warm> {
         let k = key(job)?;
         let taken = {
-            let mut slots = self.slots();
-            let slot = slots.get_mut(&k)?;
+            let mut keys = self.keys();
+            let pool = keys.get_mut(&k)?;
             // Helper-built sandboxes carry every limit of their template.
-            if slot.fork_server.is_none() && slot.template.limits != job.limits {
+            if pool.fork_server.is_none() && pool.template.limits != job.limits {
                 return None;
             }
             let mut taken = None;
-            while let Some(mut sp) = slot.ready.pop_front() {
+            while let Some(mut sp) = pool.ready.pop_front() {
                 // A sandbox that died (killed, or failed to build) is dropped.
                 if sp.waiting() {
                     taken = Some(sp);
@@ -258,26 +242,26 @@ impl WarmPool {
             }
             match &taken {
                 Some(_) => {
-                    slot.hits += 1;
+                    pool.hits += 1;
                     // Demand fell: drift back towards the configured minimum.
-                    if slot.target > slot.min
-                        && slot.last_miss.is_none_or(|t| t.elapsed() > IDLE_SHRINK)
+                    if pool.target > pool.min
+                        && pool.last_miss.is_none_or(|t| t.elapsed() > IDLE_SHRINK)
                     {
-                        slot.target -= 1;
+                        pool.target -= 1;
                     }
                 }
                 None if !count_miss => {}
                 None => {
                     // Demand outran the pool: keep one more next time, up to the cap.
-                    slot.misses += 1;
-                    slot.last_miss = Some(Instant::now());
-                    slot.target = (slot.target + 1).min(MAX_PER_KEY);
+                    pool.misses += 1;
+                    pool.last_miss = Some(Instant::now());
+                    pool.target = (pool.target + 1).min(MAX_PER_KEY);
                 }
             }
             // With a sandbox still ready, the replacement waits until this run is over
             // ([`WarmPool::refill`]): on a small machine building it now would compete with
             // the run for the CPU. An empty pool refills at once.
-            let urgent = slot.ready.is_empty();
+            let urgent = pool.ready.is_empty();
             (taken, urgent)
         };
         let (taken, urgent) = taken;
@@ -308,12 +292,12 @@ impl WarmPool {
             return;
         }
         let (template, n, fork_server) = {
-            let mut slots = self.slots();
-            let Some(slot) = slots.get_mut(k) else { return };
-            let have = slot.ready.len() + slot.filling;
-            let n = slot.target.saturating_sub(have);
-            slot.filling += n;
-            (slot.template.clone(), n, slot.fork_server)
+            let mut keys = self.keys();
+            let Some(pool) = keys.get_mut(k) else { return };
+            let have = pool.ready.len() + pool.filling;
+            let n = pool.target.saturating_sub(have);
+            pool.filling += n;
+            (pool.template.clone(), n, pool.fork_server)
         };
         for _ in 0..n {
             let pool = Arc::clone(self);
@@ -326,22 +310,22 @@ impl WarmPool {
                     None => {
                         let pooled = Pooled {
                             launcher: template.launcher.clone(),
-                            zygote: false,
+                            fork_server: false,
                         };
                         let spec = spec_for(Mode::Linux, &template, Some(pooled));
                         spawn(&pool.helper, &spec).await.map(Warm::Helper)
                     }
                 };
                 pool.spawned.fetch_add(1, Ordering::Relaxed);
-                let mut slots = pool.slots();
-                if let Some(slot) = slots.get_mut(&k) {
-                    slot.filling = slot.filling.saturating_sub(1);
-                    slot.last_refill_ms = t.elapsed().as_secs_f64() * 1000.0;
+                let mut keys = pool.keys();
+                if let Some(key_pool) = keys.get_mut(&k) {
+                    key_pool.filling = key_pool.filling.saturating_sub(1);
+                    key_pool.last_refill_ms = t.elapsed().as_secs_f64() * 1000.0;
                     match built {
                         // Stopped: what was being built is not wanted, nor its failure news.
                         _ if pool.stopped.load(Ordering::Relaxed) => {}
                         Ok(sp) => {
-                            slot.ready.push_back(sp);
+                            key_pool.ready.push_back(sp);
                             pool.filled.notify_waiters();
                         }
                         Err(e) => tracing::warn!(error = %e, "warm sandbox failed to start"),
@@ -358,20 +342,20 @@ impl WarmPool {
         template: &Job,
         launcher: &'static str,
     ) -> Result<Warm, gearbox_core::SandboxError> {
-        let zygote = {
+        let fork_server = {
             let mut servers = self.fork_servers.lock().await;
             let server = servers.entry(k.to_string()).or_default();
             let life = *self.life.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(z) = &server.zygote
+            if let Some(z) = &server.server
                 && z.alive()
                 && z.exhausted(life)
             {
                 // Taken out of service now; stopped once its slots and runs are over.
-                let old = server.zygote.take().expect("checked above");
+                let old = server.server.take().expect("checked above");
                 self.retired.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(Zygote::retire(old));
+                tokio::spawn(ForkServer::retire(old));
             }
-            match &server.zygote {
+            match &server.server {
                 Some(z) if z.alive() => Arc::clone(z),
                 _ if self.stopped.load(Ordering::Relaxed) => {
                     return Err(gearbox_core::SandboxError::Protocol(
@@ -379,13 +363,13 @@ impl WarmPool {
                     ));
                 }
                 _ => {
-                    let z = Zygote::start(&self.helper, template, launcher).await?;
-                    server.zygote = Some(Arc::clone(&z));
+                    let z = ForkServer::start(&self.helper, template, launcher).await?;
+                    server.server = Some(Arc::clone(&z));
                     z
                 }
             }
         };
-        let built = zygote.slot().await;
+        let built = fork_server.slot().await;
         let mut servers = self.fork_servers.lock().await;
         let server = servers.entry(k.to_string()).or_default();
         match built {
@@ -395,14 +379,14 @@ impl WarmPool {
             }
             Err(e) => {
                 server.failures += 1;
-                if !zygote.alive() {
-                    server.zygote = None;
+                if !fork_server.alive() {
+                    server.server = None;
                 }
                 if server.failures >= FORK_SERVER_FAILURES {
                     tracing::warn!(error = %e, "fork server failed {FORK_SERVER_FAILURES} times in a row; warm sandboxes of this key are built by helpers from now on");
-                    server.zygote = None;
-                    if let Some(slot) = self.slots().get_mut(k) {
-                        slot.fork_server = None;
+                    server.server = None;
+                    if let Some(pool) = self.keys().get_mut(k) {
+                        pool.fork_server = None;
                     }
                 }
                 Err(e)
@@ -417,9 +401,9 @@ impl WarmPool {
         self.stopped.store(true, Ordering::Relaxed);
         let deadline = Instant::now() + grace;
         let ready: Vec<Warm> = self
-            .slots()
+            .keys()
             .values_mut()
-            .flat_map(|slot| slot.ready.drain(..))
+            .flat_map(|pool| pool.ready.drain(..))
             .collect();
         // A fork server's slot is killed, and its cgroup released, when dropped. A helper-built
         // sandbox ends once its hand-over pipe closes, and its helper removes its cgroup; a
@@ -440,17 +424,17 @@ impl WarmPool {
                 }
             }
         }
-        let zygotes: Vec<Arc<Zygote>> = self
+        let fork_servers: Vec<Arc<ForkServer>> = self
             .fork_servers
             .lock()
             .await
             .drain()
-            .filter_map(|(_, server)| server.zygote)
+            .filter_map(|(_, server)| server.server)
             .collect();
-        for z in &zygotes {
+        for z in &fork_servers {
             z.stop();
         }
-        for z in &zygotes {
+        for z in &fork_servers {
             z.wait_until(deadline).await;
         }
         for (mut child, pipes) in helpers {
@@ -462,7 +446,7 @@ impl WarmPool {
 
     pub fn stats(&self) -> Vec<PoolStats> {
         let mut v: Vec<PoolStats> = self
-            .slots()
+            .keys()
             .values()
             .map(|s| PoolStats {
                 language: s.template.language.clone(),

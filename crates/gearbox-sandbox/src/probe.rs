@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use gearbox_core::{BackendKind, BackendReport, Job, JobFile, Limits};
 
-use crate::backend::run_helper_report;
-use crate::jail::CgroupSupport;
+use crate::cgroup::CgroupSupport;
+use crate::helper::run_helper_report;
 use crate::wire::Mode;
 
 pub fn probe(helper: &Path, mode: Mode) -> BackendReport {

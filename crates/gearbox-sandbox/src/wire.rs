@@ -21,8 +21,8 @@ pub const MAX_SPEC_BYTES: u32 = 16 * 1024 * 1024;
 /// The fd on which the helper writes its report.
 pub const REPORT_FD: i32 = 3;
 /// The fd on which a fork server's helper receives the server's control socket, passed on
-/// to the fork server (see `zygote.rs`).
-pub const ZYGOTE_FD: i32 = 4;
+/// to the fork server (see `fork_server.rs`).
+pub const FORK_SERVER_FD: i32 = 4;
 
 /// How the helper isolates the program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,9 +67,9 @@ pub struct Pooled {
     /// exec'd at hand-over.
     pub launcher: Option<(String, Vec<String>)>,
     /// Start the launcher as a fork server instead: it keeps the capabilities to build
-    /// per-run namespaces and forks one single-use sandbox per request (`zygote.rs`).
+    /// per-run namespaces and forks one single-use sandbox per request (`fork_server.rs`).
     #[serde(default)]
-    pub zygote: bool,
+    pub fork_server: bool,
 }
 
 /// The program handed to a warm sandbox: written to the helper's stdin (read by init) as a
@@ -152,9 +152,39 @@ fn read_files<R: Read>(r: &mut R, names: &[(String, u64)]) -> Result<Vec<Vec<u8>
     Ok(files)
 }
 
-/// A set-up step that failed, named like the step in the code.
+/// The program's environment: a fixed base, then the job's variables with the sandbox's
+/// paths substituted. Nothing is inherited from the server.
+pub(crate) fn program_env(
+    spec_env: &std::collections::BTreeMap<String, String>,
+    workspace: &str,
+    tmp: &str,
+) -> Vec<(String, String)> {
+    let mut env: std::collections::BTreeMap<String, String> = [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("LANG", "C.UTF-8"),
+        ("LC_ALL", "C.UTF-8"),
+        ("USER", "sandbox"),
+        ("LOGNAME", "sandbox"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    env.insert("HOME".into(), workspace.to_string());
+    env.insert("PWD".into(), workspace.to_string());
+    env.insert("TMPDIR".into(), tmp.to_string());
+    for (k, v) in spec_env {
+        env.insert(
+            k.clone(),
+            v.replace("{workspace}", workspace).replace("{tmp}", tmp),
+        );
+    }
+    env.into_iter().collect()
+}
+
+/// A set-up step that failed, as it travels between processes: the step's name (a
+/// `crate::step::Step` displayed, or a step of the fork server's native loop) and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StepError {
+pub struct SetupFailure {
     pub step: String,
     pub message: String,
 }
@@ -178,7 +208,7 @@ pub struct JailReport {
     pub duration_us: u64,
     /// From helper start to hand-over.
     pub setup_us: u64,
-    pub error: Option<StepError>,
+    pub error: Option<SetupFailure>,
     /// Mechanisms that were applied (for `doctor` and tests).
     pub enforced: Vec<String>,
     /// Microseconds since helper start at which each set-up step ended.
@@ -280,7 +310,10 @@ mod proptests {
                 proptest::option::of((text(), proptest::collection::vec(text(), 0..3))),
                 any::<bool>(),
             )
-                .prop_map(|(launcher, zygote)| Pooled { launcher, zygote }),
+                .prop_map(|(launcher, fork_server)| Pooled {
+                    launcher,
+                    fork_server,
+                }),
         )
     }
 
@@ -367,7 +400,7 @@ mod proptests {
             ),
             (
                 proptest::option::of(
-                    (text(), text()).prop_map(|(step, message)| StepError { step, message }),
+                    (text(), text()).prop_map(|(step, message)| SetupFailure { step, message }),
                 ),
                 proptest::collection::vec(text(), 0..4),
                 proptest::collection::vec((text(), any::<u64>()), 0..4),

@@ -7,10 +7,19 @@ use std::os::fd::OwnedFd;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
 
-use super::linux::{GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg, SANDBOX_ID, split_status};
-use super::{mount, program};
-use crate::wire::{JailSpec, Pooled, StepError, read_handover};
+use nix::sys::wait::WaitStatus;
 use seccompiler::BpfProgram;
+
+use super::message::{GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
+use super::{SANDBOX_ID, mount, program};
+use crate::step::{AtStep, Step, StepError};
+use crate::wire::{JailSpec, Pooled, read_handover};
+
+/// The nice value a fork server and the sandboxes it builds run at until a run is handed
+/// over: building the pool's next sandbox, and a finished run's teardown, yield the CPU to
+/// requests (set before the fork server's exec; the server gives a run's program the normal
+/// priority at hand-over, see `fork_server.rs`).
+const BUILD_NICE: i32 = 10;
 
 pub fn main(
     spec: &JailSpec,
@@ -47,10 +56,7 @@ pub fn main(
     if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
         fail(
             &st_w,
-            StepError {
-                step: "new cgroup namespace".into(),
-                message: e.to_string(),
-            },
+            StepError::new(Step::NewCgroupNamespace, e.to_string()),
         );
     }
     if let Some(socket) = &spec.egress
@@ -60,7 +66,7 @@ pub fn main(
     }
     let run = match &spec.pooled {
         None => start_cold(spec, env, filters, have_cgroup, &st_w, t0),
-        Some(pool) if pool.zygote => start_zygote(pool, env, &st_w, t0),
+        Some(pool) if pool.fork_server => start_fork_server(pool, env, &st_w, t0),
         Some(pool) => start_pooled(spec, pool, env, filters, have_cgroup, &st_w, t0),
     };
     let child = match run {
@@ -129,17 +135,10 @@ fn fork_program(
 ) -> Result<Pid, StepError> {
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
     match unsafe { fork() } {
-        Err(e) => Err(StepError {
-            step: "fork program".into(),
-            message: e.to_string(),
-        }),
+        Err(e) => Err(StepError::new(Step::ForkProgram, e.to_string())),
         Ok(ForkResult::Child) => {
             let err = program::exec(argv, env, limits, filters, have_cgroup, st_w, job_fd);
-            Msg::Failed {
-                step: err.step,
-                message: err.message,
-            }
-            .send(st_w);
+            Msg::failed(err).send(st_w);
             exit(127);
         }
         Ok(ForkResult::Parent { child }) => Ok(child),
@@ -182,11 +181,10 @@ fn start_pooled(
     st_w: &OwnedFd,
     t0: std::time::Instant,
 ) -> Result<Pid, StepError> {
-    use super::Step;
     let launcher = match &pool.launcher {
         Some((_, argv)) => {
             let (job_r, job_w) =
-                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create job pipe")?;
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateJobPipe)?;
             let child = fork_program(
                 argv,
                 env,
@@ -208,10 +206,10 @@ fn start_pooled(
     let mut stdin = std::mem::ManuallyDrop::new(unsafe {
         <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0)
     });
-    let (handover, files) = read_handover(&mut *stdin).step("read hand-over")?;
+    let (handover, files) = read_handover(&mut *stdin).step(Step::ReadHandOver)?;
     let handed = std::time::Instant::now();
     mount::write_files(std::path::Path::new("/work"), &handover.files, &files)?;
-    let env = super::program_env(&handover.env, "/work", "/tmp");
+    let env = crate::wire::program_env(&handover.env, "/work", "/tmp");
     match launcher {
         Some((child, job_w)) => {
             // `command`: what the interpreter would have been started with (Python's
@@ -225,9 +223,9 @@ fn start_pooled(
                 init_us: handed.elapsed().as_micros() as u64,
             }
             .send(st_w);
-            let bytes = serde_json::to_vec(&job).step("encode job")?;
+            let bytes = serde_json::to_vec(&job).step(Step::EncodeJob)?;
             let mut f = std::fs::File::from(job_w);
-            std::io::Write::write_all(&mut f, &bytes).step("hand over to launcher")?;
+            std::io::Write::write_all(&mut f, &bytes).step(Step::HandOverToLauncher)?;
             Ok(child)
         }
         None => {
@@ -254,40 +252,33 @@ fn start_pooled(
 /// (ambient, so they survive exec; all inside this sandbox's user namespace). It runs no
 /// program itself; each run it forks drops every capability and applies the same rlimits,
 /// Landlock rules and seccomp filters as [`program::exec`] before reading its program.
-fn start_zygote(
+fn start_fork_server(
     pool: &Pooled,
     env: &[(String, String)],
     st_w: &OwnedFd,
     t0: std::time::Instant,
 ) -> Result<Pid, StepError> {
-    use super::Step;
     let Some((_, argv)) = &pool.launcher else {
-        return Err(StepError {
-            step: "start fork server".into(),
-            message: "a fork server needs a launcher".into(),
-        });
+        return Err(StepError::new(
+            Step::StartForkServer,
+            "a fork server needs a launcher",
+        ));
     };
     let argv_c = argv
         .iter()
         .map(|a| std::ffi::CString::new(a.as_str()))
         .collect::<Result<Vec<_>, _>>()
-        .step("prepare argv")?;
+        .step(Step::PrepareArgv)?;
     let envp = env
         .iter()
         .map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()
-        .step("prepare environment")?;
+        .step(Step::PrepareEnvironment)?;
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
-    match unsafe { fork() }.step("fork fork server")? {
+    match unsafe { fork() }.step(Step::ForkForkServer)? {
         ForkResult::Child => {
-            let err = exec_zygote(&argv_c, &envp);
-            fail(
-                st_w,
-                StepError {
-                    step: "start fork server".into(),
-                    message: err.to_string(),
-                },
-            );
+            let err = exec_fork_server(&argv_c, &envp);
+            fail(st_w, StepError::new(Step::StartForkServer, err.to_string()));
         }
         ForkResult::Parent { child } => {
             Msg::Ready {
@@ -303,15 +294,15 @@ fn start_zygote(
 /// (`linux/capability.h`: CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21.) Its bounding set is emptied
 /// before exec (with CAP_SETPCAP 8, which it does not keep), so every process it forks
 /// starts with an empty bounding set.
-const ZYGOTE_CAPS: [u32; 2] = [12, 21];
+const FORK_SERVER_CAPS: [u32; 2] = [12, 21];
 const CAP_SETPCAP: u32 = 8;
 
-fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
+fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
     let last = std::io::Error::last_os_error;
     // SAFETY: fcntl/close_range on fd numbers of this process: everything above stderr but
     // the control socket closes at exec.
     unsafe {
-        if libc::fcntl(crate::wire::ZYGOTE_FD, libc::F_SETFD, 0) < 0 {
+        if libc::fcntl(crate::wire::FORK_SERVER_FD, libc::F_SETFD, 0) < 0 {
             return last();
         }
         libc::syscall(libc::SYS_close_range, 3u32, 3u32, libc::CLOSE_RANGE_CLOEXEC);
@@ -339,7 +330,7 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
         pid: 0,
     };
     let mut data = [Data::default(); 2];
-    for cap in ZYGOTE_CAPS {
+    for cap in FORK_SERVER_CAPS {
         let (i, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
         data[i].effective |= bit;
         data[i].permitted |= bit;
@@ -354,7 +345,7 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
         if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
             return last();
         }
-        for cap in ZYGOTE_CAPS {
+        for cap in FORK_SERVER_CAPS {
             if libc::prctl(
                 libc::PR_CAP_AMBIENT,
                 libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
@@ -374,7 +365,7 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
         }
     }
     // SAFETY: setpriority takes integers.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, crate::zygote::BUILD_NICE) } != 0 {
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) } != 0 {
         return last();
     }
     match nix::unistd::execve(&argv[0], argv, envp) {
@@ -385,27 +376,22 @@ fn exec_zygote(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::i
 
 /// Become the sandbox user (keeping capabilities inside the namespace), then build the root.
 fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
-    use super::Step;
     let id = SANDBOX_ID;
     nix::unistd::setresgid(Gid::from_raw(id), Gid::from_raw(id), Gid::from_raw(id))
-        .step("become sandbox group")?;
+        .step(Step::BecomeSandboxGroup)?;
     nix::unistd::setresuid(Uid::from_raw(id), Uid::from_raw(id), Uid::from_raw(id))
-        .step("become sandbox user")?;
+        .step(Step::BecomeSandboxUser)?;
     // Changing credentials clears the parent-death signal: set it again, so that a helper
     // killed from now on still takes init (and with it the whole pid namespace) along.
-    super::die_with_parent(0).step("tie init to helper")?;
+    super::die_with_parent(0).step(Step::TieInitToHelper)?;
     mount::build_root(spec, &files)?;
-    nix::unistd::sethostname("gearbox").step("set hostname")?;
-    loopback_up().step("bring up loopback")?;
+    nix::unistd::sethostname(crate::restriction::HOSTNAME).step(Step::SetHostname)?;
+    loopback_up().step(Step::BringUpLoopback)?;
     Ok(())
 }
 
 fn fail(st_w: &OwnedFd, e: StepError) -> ! {
-    Msg::Failed {
-        step: e.step,
-        message: e.message,
-    }
-    .send(st_w);
+    Msg::failed(e).send(st_w);
     exit(1)
 }
 
@@ -440,4 +426,13 @@ fn loopback_up() -> std::io::Result<()> {
     // SAFETY: closing the socket we opened.
     unsafe { libc::close(sock) };
     if res < 0 { Err(err) } else { Ok(()) }
+}
+
+/// Turn a wait status into (exit code, signal).
+pub fn split_status(status: WaitStatus) -> (Option<i32>, Option<i32>) {
+    match status {
+        WaitStatus::Exited(_, code) => (Some(code), None),
+        WaitStatus::Signaled(_, sig, _) => (None, Some(sig as i32)),
+        _ => (None, None),
+    }
 }

@@ -4,22 +4,18 @@
 //! scoped to the sandbox where the kernel supports it (ABI 6).
 
 use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
+
+use crate::restriction::{DEVICES, LANDLOCK_DEVICE, LANDLOCK_READ, SCRATCH};
 
 /// Highest ABI we ask for; best-effort mode downgrades to what the kernel has.
 const TARGET_ABI: ABI = ABI::V6;
-const DEVICES: &[&str] = &[
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/random",
-    "/dev/urandom",
-];
 
-/// Restrict this process; returns a line saying what was enforced.
-pub fn restrict(writable: &[&str]) -> Result<String, String> {
+/// Restrict this process with the rules of `crate::restriction` (which the fork server's
+/// programs apply too); returns a line saying what was enforced.
+pub fn restrict() -> Result<String, String> {
     let abi = TARGET_ABI;
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
@@ -29,15 +25,15 @@ pub fn restrict(writable: &[&str]) -> Result<String, String> {
         .map_err(|e| e.to_string())?
         .create()
         .map_err(|e| e.to_string())?;
-    let read = AccessFs::from_read(abi);
+    let read = BitFlags::<AccessFs>::from_bits_truncate(LANDLOCK_READ);
     ruleset = ruleset
         .add_rule(PathBeneath::new(
             PathFd::new("/").map_err(|e| e.to_string())?,
             read,
         ))
         .map_err(|e| e.to_string())?;
-    for w in writable {
-        if let Ok(fd) = PathFd::new(w) {
+    for area in &SCRATCH {
+        if let Ok(fd) = PathFd::new(area.target) {
             ruleset = ruleset
                 .add_rule(PathBeneath::new(fd, AccessFs::from_all(abi)))
                 .map_err(|e| e.to_string())?;
@@ -46,7 +42,10 @@ pub fn restrict(writable: &[&str]) -> Result<String, String> {
     for d in DEVICES {
         if let Ok(fd) = PathFd::new(d) {
             ruleset = ruleset
-                .add_rule(PathBeneath::new(fd, AccessFs::from_file(abi)))
+                .add_rule(PathBeneath::new(
+                    fd,
+                    BitFlags::<AccessFs>::from_bits_truncate(LANDLOCK_DEVICE),
+                ))
                 .map_err(|e| e.to_string())?;
         }
     }
@@ -63,85 +62,21 @@ pub fn restrict(writable: &[&str]) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use landlock::BitFlags;
 
-    /// The fork server's programs build their ruleset in native code (`launchers/fork.rs`,
-    /// built outside this crate): the same device nodes and writable areas as here.
+    /// The shared policy's rights are the sets this crate's Landlock library means: reading
+    /// beneath `/`, and using the device nodes as files.
     #[test]
-    fn the_fork_servers_programs_use_the_same_rules() {
-        let native = include_str!("../launchers/fork.rs");
-        let block = |name: &str| -> String {
-            let start = native
-                .find(&format!("const {name}"))
-                .unwrap_or_else(|| panic!("fork.rs lists {name}"));
-            let body = start + native[start..].find("= [").expect("start of list");
-            let end = body + native[body..].find("];").expect("end of list");
-            native[start..end].to_string()
-        };
-        let devices = block("DEVICES");
+    fn the_shared_rights_are_the_librarys_sets() {
+        let abi = TARGET_ABI;
+        assert_eq!(LANDLOCK_READ, AccessFs::from_read(abi).bits());
+        assert_eq!(LANDLOCK_DEVICE, AccessFs::from_file(abi).bits());
         assert_eq!(
-            devices.matches("b\"").count(),
-            super::DEVICES.len(),
-            "{devices}"
+            BitFlags::<AccessFs>::from_bits_truncate(LANDLOCK_READ).bits(),
+            LANDLOCK_READ
         );
-        for d in super::DEVICES {
-            assert!(devices.contains(&format!("b\"{d}\\0\"")), "{d}: {devices}");
-        }
-        // The access rights: the same bits, and the same sets as this module asks for.
-        let value = |name: &str| -> u64 {
-            let line = native
-                .lines()
-                .find(|l| l.starts_with(&format!("const {name}: u64 = ")))
-                .unwrap_or_else(|| panic!("fork.rs defines {name}"));
-            let v = line.rsplit("= ").next().unwrap_or("").trim_end_matches(';');
-            match v.strip_prefix("0x") {
-                Some(hex) => u64::from_str_radix(hex, 16),
-                None => v.parse(),
-            }
-            .unwrap_or_else(|e| panic!("{line}: {e}"))
-        };
-        let abi = ABI::V6;
-        let bits = |set: BitFlags<AccessFs>| set.bits();
-        assert_eq!(value("LL_ABI1"), bits(AccessFs::from_all(ABI::V1)));
-        for (name, right) in [
-            ("LL_EXECUTE", AccessFs::Execute),
-            ("LL_WRITE_FILE", AccessFs::WriteFile),
-            ("LL_READ_FILE", AccessFs::ReadFile),
-            ("LL_READ_DIR", AccessFs::ReadDir),
-            ("LL_REFER", AccessFs::Refer),
-            ("LL_TRUNCATE", AccessFs::Truncate),
-            ("LL_IOCTL_DEV", AccessFs::IoctlDev),
-        ] {
-            assert_eq!(value(name), right as u64, "{name}");
-        }
         assert_eq!(
-            value("LL_ABI1") | value("LL_REFER") | value("LL_TRUNCATE") | value("LL_IOCTL_DEV"),
-            bits(AccessFs::from_all(abi))
+            BitFlags::<AccessFs>::from_bits_truncate(LANDLOCK_DEVICE).bits(),
+            LANDLOCK_DEVICE
         );
-        assert!(native.contains("let read = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR;"));
-        assert_eq!(
-            value("LL_EXECUTE") | value("LL_READ_FILE") | value("LL_READ_DIR"),
-            bits(AccessFs::from_read(abi))
-        );
-        assert!(native.contains(
-            "(LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | LL_TRUNCATE | LL_IOCTL_DEV) & handled"
-        ));
-        assert_eq!(
-            value("LL_EXECUTE")
-                | value("LL_WRITE_FILE")
-                | value("LL_READ_FILE")
-                | value("LL_TRUNCATE")
-                | value("LL_IOCTL_DEV"),
-            bits(AccessFs::from_file(abi))
-        );
-        assert_eq!(value("LL_SCOPE_ALL"), Scope::from_all(abi).bits());
-        // The writable areas the cold path passes to `restrict` (jail/program.rs).
-        let writable = block("WRITABLE");
-        for w in ["/work", "/tmp", "/dev/shm"] {
-            assert!(
-                writable.contains(&format!("b\"{w}\\0\"")),
-                "{w}: {writable}"
-            );
-        }
     }
 }

@@ -8,100 +8,27 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::{WaitStatus, waitpid};
+use nix::sys::wait::waitpid;
 use nix::unistd::{Gid, Pid, Uid, pipe2};
 
-use super::cgroup::Cgroup;
 use super::memwatch::{self, MemoryWatch};
-use super::{Step, init, seccomp};
-use crate::wire::{JailReport, JailSpec, StepError};
+use super::message::{GO_BUILD, GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
+use super::{NOBODY, SANDBOX_ID, init, seccomp};
+use crate::cgroup::Cgroup;
+use crate::step::{AtStep, Step, StepError};
+use crate::wire::{JailReport, JailSpec, SetupFailure};
 
-/// The uid and gid the program has inside its user namespace.
-pub const SANDBOX_ID: u32 = 1000;
-/// Host uid/gid the sandbox maps to when the helper runs as root: never host root.
-pub const NOBODY: u32 = gearbox_core::SANDBOX_HOST_ID;
-/// Byte that lets init build the root.
-pub const GO_BUILD: &[u8] = b"b";
-/// Byte that lets init start the program, memory capped by the cgroup.
-pub const GO_RUN_CGROUP: &[u8] = b"c";
-/// Byte that lets init start the program, memory capped by rlimits (no cgroup).
-pub const GO_RUN_RLIMITS: &[u8] = b"r";
 /// How long building the sandbox may take before the helper gives up.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long init may take to send the workspace after the program exited.
 const COLLECT_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// One line the init process (or the program, before exec) sends the helper.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "t", rename_all = "snake_case")]
-pub enum Msg {
-    /// The program was forked; its time starts now.
-    Started {
-        /// Init's own work before the program started: building the root (cold), or from
-        /// hand-over to start (warm).
-        init_us: u64,
-    },
-    /// A warm sandbox is built and waits for its program.
-    Ready { root_us: u64 },
-    /// Mechanisms the program applied to itself before exec.
-    Applied { mechanisms: Vec<String> },
-    /// A set-up step failed.
-    Failed { step: String, message: String },
-    /// The program exited.
-    Exited {
-        code: Option<i32>,
-        signal: Option<i32>,
-        cpu_time_ms: u64,
-        max_rss_kb: u64,
-    },
-}
-
-/// Longest message line: one atomic pipe write (init and the program share the pipe).
-const MAX_MSG: usize = 3800;
-
-impl Msg {
-    /// Send as one line of at most [`MAX_MSG`] bytes: a longer `Failed` message is shortened
-    /// (never the JSON itself, which would no longer parse).
-    pub fn send(&self, fd: &OwnedFd) {
-        if let Some(mut line) = self.encode() {
-            line.push(b'\n');
-            let _ = nix::unistd::write(fd, &line);
-        }
-    }
-
-    fn encode(&self) -> Option<Vec<u8>> {
-        let line = serde_json::to_vec(self).ok()?;
-        if line.len() <= MAX_MSG {
-            return Some(line);
-        }
-        let Msg::Failed { step, message } = self else {
-            return None;
-        };
-        let mut keep = message.len().min(MAX_MSG);
-        loop {
-            keep = keep * 3 / 4;
-            let mut cut = keep;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let short = Msg::Failed {
-                step: step.chars().take(200).collect(),
-                message: format!("{}… (shortened)", &message[..cut]),
-            };
-            let line = serde_json::to_vec(&short).ok()?;
-            if line.len() <= MAX_MSG {
-                return Some(line);
-            }
-        }
-    }
-}
 
 pub fn run(
     spec: &JailSpec,
     files: Vec<Vec<u8>>,
     start: Instant,
     report: &mut JailReport,
-) -> Result<(), StepError> {
+) -> Result<(), SetupFailure> {
     let root = Uid::current().is_root();
     let (outer_uid, outer_gid) = if root {
         (NOBODY, NOBODY)
@@ -110,7 +37,7 @@ pub fn run(
     };
     if root {
         // Supplementary groups would follow the program into the sandbox.
-        nix::unistd::setgroups(&[]).step("drop supplementary groups")?;
+        nix::unistd::setgroups(&[]).step(Step::DropSupplementaryGroups)?;
     }
     let mark = |report: &mut JailReport, what: &str| {
         report
@@ -118,11 +45,11 @@ pub fn run(
             .push((what.to_string(), start.elapsed().as_micros() as u64));
     };
     mark(report, "request read");
-    let filters = seccomp::compile().step("compile seccomp policy")?;
+    let filters = seccomp::compile().step(Step::CompileSeccompPolicy)?;
     mark(report, "seccomp compiled");
-    let env = super::program_env(&spec.env, "/work", "/tmp");
-    let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create sync pipe")?;
-    let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step("create status pipe")?;
+    let env = crate::wire::program_env(&spec.env, "/work", "/tmp");
+    let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateSyncPipe)?;
+    let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateStatusPipe)?;
 
     // A network namespace of its own for every run, granted or not: the host's stack, its
     // loopback services and abstract sockets are never in reach. A granted run reaches out
@@ -147,7 +74,7 @@ pub fn run(
         )
     };
     if pid < 0 {
-        return Err(std::io::Error::last_os_error()).step("clone into new namespaces");
+        Err(std::io::Error::last_os_error()).step(Step::CloneIntoNewNamespaces)?;
     }
     if pid == 0 {
         drop(go_w);
@@ -164,7 +91,7 @@ pub fn run(
     let mut cgroup = None;
     let released = (|| -> Result<(), StepError> {
         write_id_maps(init_pid, outer_uid, outer_gid)?;
-        nix::unistd::write(&go_w, GO_BUILD).step("release init")?;
+        nix::unistd::write(&go_w, GO_BUILD).step(Step::ReleaseInit)?;
         mark(report, "released");
         if root {
             match Cgroup::create(&spec.limits)
@@ -183,13 +110,13 @@ pub fn run(
         } else {
             GO_RUN_RLIMITS
         };
-        nix::unistd::write(&go_w, go).step("start program")?;
+        nix::unistd::write(&go_w, go).step(Step::StartProgram)?;
         Ok(())
     })();
     if let Err(e) = released {
         let _ = kill(init_pid, Signal::SIGKILL);
         let _ = waitpid(init_pid, None);
-        return Err(e);
+        return Err(e.into());
     }
     report.enforced.push(format!(
         "namespaces: user (uid {SANDBOX_ID} -> host {outer_uid}), mount, pid, ipc, uts, cgroup, net{}",
@@ -253,10 +180,11 @@ pub fn run(
         return Err(e);
     }
     if !watch.exited && !watch.timed_out && !watch.over_memory {
-        return Err(StepError {
-            step: "wait for program".into(),
-            message: format!("init ended without a report ({init_status:?})"),
-        });
+        return Err(StepError::new(
+            Step::WaitForProgram,
+            format!("init ended without a report ({init_status:?})"),
+        )
+        .into());
     }
     // The caller has all it needs: answer first, then remove the cgroup (rmdir of a memory
     // cgroup can take milliseconds).
@@ -269,12 +197,12 @@ pub fn run(
 /// Write setgroups, gid_map and uid_map of the new user namespace.
 fn write_id_maps(pid: Pid, outer_uid: u32, outer_gid: u32) -> Result<(), StepError> {
     let base = format!("/proc/{}", pid.as_raw());
-    let write = |file: &str, content: String| -> Result<(), StepError> {
+    let write = |file: &'static str, content: String| -> Result<(), StepError> {
         File::options()
             .write(true)
             .open(format!("{base}/{file}"))
             .and_then(|mut f| f.write_all(content.as_bytes()))
-            .step(&format!("write {file}"))
+            .step(Step::WriteIdMap(file))
     };
     write("setgroups", "deny".into())?;
     write("gid_map", format!("{SANDBOX_ID} {outer_gid} 1\n"))?;
@@ -288,7 +216,8 @@ struct Watch {
     timed_out: bool,
     /// The sampled memory of the run passed its limit (no cgroup).
     over_memory: bool,
-    failed: Option<StepError>,
+    /// A step that failed: the helper's own, or one init or the program reported.
+    failed: Option<SetupFailure>,
     /// The collected workspace: every byte init sent after its `Exited` line.
     trailer: Vec<u8>,
 }
@@ -310,10 +239,7 @@ fn watch(
     let mut file = match st_r.try_clone() {
         Ok(fd) => File::from(fd),
         Err(e) => {
-            w.failed = Some(StepError {
-                step: "watch".into(),
-                message: e.to_string(),
-            });
+            w.failed = Some(StepError::new(Step::Watch, e.to_string()).into());
             return w;
         }
     };
@@ -354,10 +280,13 @@ fn watch(
                 report.timed_out = true;
                 report.duration_us = duration_us(started);
             } else {
-                w.failed = Some(StepError {
-                    step: "build sandbox".into(),
-                    message: format!("took longer than {SETUP_TIMEOUT:?}"),
-                });
+                w.failed = Some(
+                    StepError::new(
+                        Step::BuildSandbox,
+                        format!("took longer than {SETUP_TIMEOUT:?}"),
+                    )
+                    .into(),
+                );
             }
             return w;
         }
@@ -372,10 +301,7 @@ fn watch(
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => {
-                w.failed = Some(StepError {
-                    step: "watch".into(),
-                    message: e.to_string(),
-                });
+                w.failed = Some(StepError::new(Step::Watch, e.to_string()).into());
                 return w;
             }
         }
@@ -425,7 +351,7 @@ fn watch(
                 }
                 Msg::Applied { mechanisms } => report.enforced.extend(mechanisms),
                 Msg::Failed { step, message } => {
-                    w.failed = Some(StepError { step, message });
+                    w.failed = Some(SetupFailure { step, message });
                 }
                 Msg::Exited {
                     code,
@@ -451,50 +377,4 @@ fn watch(
 
 fn duration_us(started: Option<Instant>) -> u64 {
     started.map(|s| s.elapsed().as_micros() as u64).unwrap_or(0)
-}
-
-/// Turn a wait status into (exit code, signal).
-pub fn split_status(status: WaitStatus) -> (Option<i32>, Option<i32>) {
-    match status {
-        WaitStatus::Exited(_, code) => (Some(code), None),
-        WaitStatus::Signaled(_, sig, _) => (None, Some(sig as i32)),
-        _ => (None, None),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_long_failure_is_shortened_and_still_parses() {
-        for message in [
-            "x".repeat(10_000),
-            "\"\\é".repeat(5_000),
-            "\u{1}".repeat(3_000),
-        ] {
-            let msg = Msg::Failed {
-                step: "execve".into(),
-                message: message.clone(),
-            };
-            let line = msg.encode().expect("encodes");
-            assert!(line.len() <= MAX_MSG, "{}", line.len());
-            match serde_json::from_slice::<Msg>(&line).expect("parses") {
-                Msg::Failed { step, message: m } => {
-                    assert_eq!(step, "execve");
-                    assert!(m.ends_with("(shortened)"), "{m}");
-                    assert!(message.starts_with(m.trim_end_matches("… (shortened)")));
-                }
-                other => panic!("{other:?}"),
-            }
-        }
-        let short = Msg::Failed {
-            step: "s".into(),
-            message: "m".into(),
-        };
-        assert_eq!(
-            short.encode().expect("encodes"),
-            serde_json::to_vec(&short).expect("encodes")
-        );
-    }
 }

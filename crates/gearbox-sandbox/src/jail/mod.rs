@@ -11,14 +11,14 @@
 //! ```
 //!
 //! The steps run in order, top to bottom, and the first failure stops the run with a
-//! [`StepError`] naming the step. Every process in the chain dies with its parent
+//! [`crate::step::StepError`] naming the step. Every process in the chain dies with its parent
 //! (`PR_SET_PDEATHSIG`), so killing the helper — or the server — kills the whole sandbox.
 
-mod cgroup;
 mod init;
 mod landlock;
 mod linux;
 mod memwatch;
+mod message;
 mod mount;
 mod process;
 mod program;
@@ -32,24 +32,13 @@ use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-pub(crate) use cgroup::{Cgroup, sweep_stale as sweep_stale_cgroups};
-pub use cgroup::{CgroupSupport, remove_spares as remove_spare_cgroups};
+use crate::step::{AtStep, Step};
+use crate::wire::{JailReport, Mode, REPORT_FD, SetupFailure, read_request};
 
-use crate::wire::{JailReport, Mode, REPORT_FD, StepError, read_request};
-
-/// Attach a step name to an error.
-pub(crate) trait Step<T> {
-    fn step(self, step: &str) -> Result<T, StepError>;
-}
-
-impl<T, E: std::fmt::Display> Step<T> for Result<T, E> {
-    fn step(self, step: &str) -> Result<T, StepError> {
-        self.map_err(|e| StepError {
-            step: step.to_string(),
-            message: e.to_string(),
-        })
-    }
-}
+/// The uid and gid the program has inside its user namespace.
+pub const SANDBOX_ID: u32 = 1000;
+/// Host uid/gid the sandbox maps to when the helper runs as root: never host root.
+pub const NOBODY: u32 = gearbox_core::SANDBOX_HOST_ID;
 
 /// Entry point of the helper. Writes one report to fd 3 and exits 0, or exits 1 when even
 /// the report cannot be written.
@@ -83,14 +72,14 @@ pub(crate) fn send_report(report: &mut JailReport, trailer: &[u8]) -> bool {
         .is_some()
 }
 
-fn run(start: Instant, report: &mut JailReport) -> Result<(), StepError> {
+fn run(start: Instant, report: &mut JailReport) -> Result<(), SetupFailure> {
     // The report fd must not leak into the sandbox.
-    set_cloexec(REPORT_FD).step("mark report fd close-on-exec")?;
+    set_cloexec(REPORT_FD).step(Step::MarkReportFdCloseOnExec)?;
     // SAFETY: fd 0 is the request pipe from the server. ManuallyDrop keeps it open: what
     // remains after the request is the program's stdin, inherited as fd 0.
     let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
-    let (spec, files) = read_request(&mut *stdin).step("read request")?;
-    die_with_parent(spec.parent_pid).step("tie helper to server")?;
+    let (spec, files) = read_request(&mut *stdin).step(Step::ReadRequest)?;
+    die_with_parent(spec.parent_pid).step(Step::TieHelperToServer)?;
     match spec.mode {
         Mode::Linux => linux::run(&spec, files, start, report),
         Mode::Process => process::run(&spec, files, start, report),
@@ -130,33 +119,4 @@ pub(crate) fn die_with_parent(expected_parent: i32) -> std::io::Result<()> {
         ));
     }
     Ok(())
-}
-
-/// The program's environment: a fixed base, then the job's variables with the sandbox's
-/// paths substituted. Nothing is inherited from the server.
-pub(crate) fn program_env(
-    spec_env: &std::collections::BTreeMap<String, String>,
-    workspace: &str,
-    tmp: &str,
-) -> Vec<(String, String)> {
-    let mut env: std::collections::BTreeMap<String, String> = [
-        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        ("LANG", "C.UTF-8"),
-        ("LC_ALL", "C.UTF-8"),
-        ("USER", "sandbox"),
-        ("LOGNAME", "sandbox"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    env.insert("HOME".into(), workspace.to_string());
-    env.insert("PWD".into(), workspace.to_string());
-    env.insert("TMPDIR".into(), tmp.to_string());
-    for (k, v) in spec_env {
-        env.insert(
-            k.clone(),
-            v.replace("{workspace}", workspace).replace("{tmp}", tmp),
-        );
-    }
-    env.into_iter().collect()
 }

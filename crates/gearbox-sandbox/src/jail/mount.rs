@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::statvfs::{FsFlags, statvfs};
 
-use super::Step;
-use crate::wire::{JailSpec, Pooled, StepError};
+use crate::restriction::{DEVICES, PROC_READONLY, SCRATCH, USER_LIMITS, scratch_inodes};
+use crate::step::{AtStep, Step, StepError};
+use crate::wire::{JailSpec, Pooled};
 
 /// Where the new root is assembled, inside our private mount namespace only.
 const NEWROOT: &str = "/tmp";
@@ -35,22 +36,11 @@ const ETC_ENTRIES: &[&str] = &[
 /// Added for a granted run: the trust store, for TLS through the egress proxy. No resolver
 /// configuration: names are resolved by the proxy, never inside the sandbox.
 const ETC_NETWORK_ENTRIES: &[&str] = &["ssl", "ca-certificates"];
-/// Device nodes bound from the host.
-const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
-/// Limits of the run's user namespace (`/proc/sys/user`): how much of the host user's
-/// inotify budget one run may hold (the counters are charged to every user namespace up to
-/// the host's, each checked against its own limit). `launchers/fork.rs` sets the same.
-const USER_LIMITS: &[(&str, &str)] = &[
-    ("max_inotify_instances", "16"),
-    ("max_inotify_watches", "4096"),
-];
-/// /proc entries re-bound read-only (and kernel knobs the program must never write).
-const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
 pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
-        .step("make mounts private")?;
+        .step(Step::MakeMountsPrivate)?;
     // The server's mounts (package layers, the broker's run directory) are opened before the
     // new root covers NEWROOT (/tmp): one under /tmp, as the broker's is by default when the
     // server is unprivileged, would be hidden otherwise. They are bound through these
@@ -74,14 +64,14 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("size=8m,nr_inodes=4096,mode=0755"),
     )
-    .step("mount root tmpfs")?;
+    .step(Step::MountRootTmpfs)?;
     let root = Path::new(NEWROOT);
 
     for dir in SYSTEM_DIRS {
         mirror(Path::new(dir), &inside(root, Path::new(dir)))?;
     }
     build_etc(root, spec.egress.is_some())?;
-    build_proc(root, spec.pooled.as_ref().is_some_and(|p| p.zygote))?;
+    build_proc(root, spec.pooled.as_ref().is_some_and(|p| p.fork_server))?;
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;
     write_files(&root.join("work"), &spec.files, files)?;
@@ -95,27 +85,29 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     drop(sources);
     if let Some(Pooled {
         launcher: Some((name, _)),
-        zygote,
+        fork_server,
     }) = &spec.pooled
     {
-        if *zygote {
-            write_zygote_files(root, spec)?;
+        if *fork_server {
+            write_fork_server_files(root, spec)?;
         }
-        let script = super::launcher_script(name).ok_or_else(|| StepError {
-            step: "write launcher".into(),
-            message: format!("no built-in launcher {name:?}"),
+        let script = super::launcher_script(name).ok_or_else(|| {
+            StepError::new(
+                Step::WriteLauncher,
+                format!("no built-in launcher {name:?}"),
+            )
         })?;
         let path = inside(root, Path::new(gearbox_core::LAUNCHER_PATH));
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).step("create launcher directory")?;
+            fs::create_dir_all(parent).step(Step::CreateLauncherDirectory)?;
         }
-        fs::write(&path, script).step("write launcher")?;
+        fs::write(&path, script).step(Step::WriteLauncher)?;
     }
 
-    nix::unistd::chdir(root).step("enter new root")?;
-    nix::unistd::pivot_root(".", ".").step("pivot_root")?;
-    umount2(".", MntFlags::MNT_DETACH).step("detach old root")?;
-    nix::unistd::chdir("/").step("enter /")?;
+    nix::unistd::chdir(root).step(Step::EnterNewRoot)?;
+    nix::unistd::pivot_root(".", ".").step(Step::PivotRoot)?;
+    umount2(".", MntFlags::MNT_DETACH).step(Step::DetachOldRoot)?;
+    nix::unistd::chdir("/").step(Step::EnterRoot)?;
     mount(
         none,
         "/",
@@ -127,11 +119,11 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
             | MsFlags::MS_NODEV,
         none,
     )
-    .step("make root read-only")?;
+    .step(Step::MakeRootReadOnly)?;
     Ok(())
 }
 
-/// The fork server's native loop (`launchers/fork.rs`, built by `build.rs`).
+/// The fork server's native loop (`launchers/fork/`, built by `build.rs`).
 const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
 
 /// What a fork server needs beside its script (`launchers/python_zygote.py`, `node_zygote.js`): its
@@ -139,13 +131,13 @@ const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
 /// two parts (`seccomp-server-N.bpf`, which the fork server installs in itself, and
 /// `seccomp-N.bpf`, which each program adds: together the cold path's filters, see
 /// `seccomp::compile_split`), and the limits its programs apply to themselves.
-fn write_zygote_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
+fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
     let dir = root.join(".gearbox");
     for sub in ["stage", "proc"] {
-        fs::create_dir_all(dir.join(sub)).step("create fork server mount points")?;
+        fs::create_dir_all(dir.join(sub)).step(Step::CreateForkServerMountPoints)?;
     }
-    fs::write(dir.join("fork.so"), FORK_SO).step("write fork server loop")?;
-    let (server, program) = super::seccomp::compile_split().step("compile seccomp policy")?;
+    fs::write(dir.join("fork.so"), FORK_SO).step(Step::WriteForkServerLoop)?;
+    let (server, program) = super::seccomp::compile_split().step(Step::CompileSeccompPolicy)?;
     for (prefix, filters) in [("seccomp-server-", server), ("seccomp-", program)] {
         for (i, filter) in filters.iter().enumerate() {
             let mut bytes = Vec::with_capacity(filter.len() * 8);
@@ -155,7 +147,8 @@ fn write_zygote_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
                 bytes.push(insn.jf);
                 bytes.extend_from_slice(&insn.k.to_ne_bytes());
             }
-            fs::write(dir.join(format!("{prefix}{i}.bpf")), bytes).step("write seccomp filters")?;
+            fs::write(dir.join(format!("{prefix}{i}.bpf")), bytes)
+                .step(Step::WriteSeccompFilters)?;
         }
     }
     let l = &spec.limits;
@@ -165,7 +158,7 @@ fn write_zygote_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
         "file_size_mb": l.file_size_mb,
         "cpu_s": l.cpu_rlimit_secs(),
     });
-    fs::write(dir.join("zygote.json"), config.to_string()).step("write fork server limits")
+    fs::write(dir.join("zygote.json"), config.to_string()).step(Step::WriteForkServerLimits)
 }
 
 fn inside(root: &Path, host: &Path) -> PathBuf {
@@ -178,8 +171,8 @@ fn mirror(src: &Path, dst: &Path) -> Result<(), StepError> {
         return Ok(());
     };
     if meta.file_type().is_symlink() {
-        let target = fs::read_link(src).step(&format!("read link {}", src.display()))?;
-        return symlink(&target, dst).step(&format!("link {}", dst.display()));
+        let target = fs::read_link(src).step(Step::ReadLink(src.to_path_buf()))?;
+        return symlink(&target, dst).step(Step::Link(dst.to_path_buf()));
     }
     bind_ro(src, dst)
 }
@@ -192,19 +185,19 @@ fn bind_ro(src: &Path, dst: &Path) -> Result<(), StepError> {
 
 /// [`bind_ro`] of `src`, named `name` in errors (`src` may be a `/proc/self/fd` link).
 fn bind_ro_named(src: &Path, dst: &Path, name: &Path) -> Result<(), StepError> {
-    let what = format!("bind {}", name.display());
-    let meta = fs::metadata(src).step(&what)?;
+    let what = || Step::Bind(name.to_path_buf());
+    let meta = fs::metadata(src).step(what())?;
     if let Some(parent) = dst.parent() {
-        fs::create_dir_all(parent).step(&what)?;
+        fs::create_dir_all(parent).step(what())?;
     }
     if meta.is_dir() {
         fs::DirBuilder::new()
             .mode(0o755)
             .create(dst)
             .or_else(ignore_exists)
-            .step(&what)?;
+            .step(what())?;
     } else if fs::symlink_metadata(dst).is_err() {
-        fs::File::create(dst).step(&what)?;
+        fs::File::create(dst).step(what())?;
     }
     let none: Option<&str> = None;
     mount(
@@ -214,8 +207,8 @@ fn bind_ro_named(src: &Path, dst: &Path, name: &Path) -> Result<(), StepError> {
         MsFlags::MS_BIND | MsFlags::MS_REC,
         none,
     )
-    .step(&what)?;
-    remount_ro(dst).step(&format!("make {} read-only", dst.display()))
+    .step(what())?;
+    remount_ro(dst).step(Step::MakeReadOnly(dst.to_path_buf()))
 }
 
 fn remount_ro(path: &Path) -> nix::Result<()> {
@@ -249,7 +242,7 @@ fn ignore_exists(e: std::io::Error) -> std::io::Result<()> {
 
 fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
     let etc = root.join("etc");
-    fs::create_dir(&etc).step("create /etc")?;
+    fs::create_dir(&etc).step(Step::CreateEtc)?;
     let generated: &[(&str, &str)] = &[
         (
             "passwd",
@@ -267,7 +260,7 @@ fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
         ),
     ];
     for (name, content) in generated {
-        fs::write(etc.join(name), content).step(&format!("write /etc/{name}"))?;
+        fs::write(etc.join(name), content).step(Step::WriteEtc(name))?;
     }
     let extra: &[&str] = if network { ETC_NETWORK_ENTRIES } else { &[] };
     for name in ETC_ENTRIES.iter().chain(extra) {
@@ -277,13 +270,13 @@ fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
             continue;
         };
         if meta.file_type().is_symlink() && !network {
-            let target = fs::read_link(&src).step(&format!("read link {}", src.display()))?;
-            symlink(&target, &dst).step(&format!("link {}", dst.display()))?;
+            let target = fs::read_link(&src).step(Step::ReadLink(src.clone()))?;
+            symlink(&target, &dst).step(Step::Link(dst.clone()))?;
         } else if fs::metadata(&src).map(|m| m.is_dir()).unwrap_or(false) {
             bind_ro(&src, &dst)?;
         } else if let Ok(content) = fs::read(&src) {
             // Copy (following links): resolv.conf often points into /run.
-            fs::write(&dst, content).step(&format!("copy {}", src.display()))?;
+            fs::write(&dst, content).step(Step::Copy(src.clone()))?;
         }
     }
     Ok(())
@@ -294,7 +287,7 @@ fn build_etc(root: &Path, network: bool) -> Result<(), StepError> {
 /// namespace only while the fork server's /proc has nothing mounted on it.
 fn build_proc(root: &Path, fork_server: bool) -> Result<(), StepError> {
     let proc_dir = root.join("proc");
-    fs::create_dir(&proc_dir).step("create /proc")?;
+    fs::create_dir(&proc_dir).step(Step::CreateProc)?;
     mount(
         Some("proc"),
         &proc_dir,
@@ -302,10 +295,9 @@ fn build_proc(root: &Path, fork_server: bool) -> Result<(), StepError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .step("mount /proc")?;
+    .step(Step::MountProc)?;
     for (name, value) in USER_LIMITS {
-        fs::write(proc_dir.join("sys/user").join(name), value)
-            .step("limit the run's kernel counters")?;
+        fs::write(proc_dir.join("sys/user").join(name), value).step(Step::LimitKernelCounters)?;
     }
     if fork_server {
         return Ok(());
@@ -321,7 +313,7 @@ fn build_proc(root: &Path, fork_server: bool) -> Result<(), StepError> {
 
 fn build_dev(root: &Path) -> Result<(), StepError> {
     let dev = root.join("dev");
-    fs::create_dir(&dev).step("create /dev")?;
+    fs::create_dir(&dev).step(Step::CreateDev)?;
     mount(
         Some("tmpfs"),
         &dev,
@@ -329,19 +321,20 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("size=64k,nr_inodes=64,mode=0755"),
     )
-    .step("mount /dev")?;
-    for name in DEVICES {
-        let src = Path::new("/dev").join(name);
+    .step(Step::MountDev)?;
+    for path in DEVICES {
+        let name = path.strip_prefix("/dev/").unwrap_or(path);
+        let src = Path::new(path);
         let dst = dev.join(name);
-        fs::File::create(&dst).step(&format!("create /dev/{name}"))?;
+        fs::File::create(&dst).step(Step::CreateDevice(name.to_string()))?;
         mount(
-            Some(&src),
+            Some(src),
             &dst,
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .step(&format!("bind /dev/{name}"))?;
+        .step(Step::BindDevice(name.to_string()))?;
     }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
@@ -349,9 +342,9 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        symlink(target, dev.join(name)).step(&format!("link /dev/{name}"))?;
+        symlink(target, dev.join(name)).step(Step::LinkDevice(name))?;
     }
-    fs::create_dir(dev.join("shm")).step("create /dev/shm")?;
+    fs::create_dir(dev.join("shm")).step(Step::CreateDevShm)?;
     Ok(())
 }
 
@@ -359,8 +352,8 @@ fn build_dev(root: &Path) -> Result<(), StepError> {
 /// program can write.
 fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
     let stage = root.join(".scratch");
-    fs::create_dir(&stage).step("create scratch")?;
-    let inodes = (disk_mb * 64).clamp(1024, 1 << 20);
+    fs::create_dir(&stage).step(Step::CreateScratch)?;
+    let inodes = scratch_inodes(disk_mb);
     mount(
         Some("tmpfs"),
         &stage,
@@ -368,17 +361,15 @@ fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(format!("size={disk_mb}m,nr_inodes={inodes},mode=0755").as_str()),
     )
-    .step("mount scratch tmpfs")?;
-    for (sub, mode, target) in [
-        ("work", 0o755, root.join("work")),
-        ("tmp", 0o1777, root.join("tmp")),
-        ("shm", 0o1777, root.join("dev/shm")),
-    ] {
+    .step(Step::MountScratchTmpfs)?;
+    for area in &SCRATCH {
+        let (sub, mode) = (area.stage, area.mode);
+        let target = inside(root, Path::new(area.target));
         let src = stage.join(sub);
-        fs::create_dir(&src).step("create scratch dir")?;
-        fs::set_permissions(&src, fs::Permissions::from_mode(mode)).step("chmod scratch dir")?;
+        fs::create_dir(&src).step(Step::CreateScratchDir)?;
+        fs::set_permissions(&src, fs::Permissions::from_mode(mode)).step(Step::ChmodScratchDir)?;
         if !target.exists() {
-            fs::create_dir(&target).step(&format!("create /{sub}"))?;
+            fs::create_dir(&target).step(Step::CreateScratchTarget(sub.to_string()))?;
         }
         mount(
             Some(&src),
@@ -387,10 +378,10 @@ fn build_scratch(root: &Path, disk_mb: u64) -> Result<(), StepError> {
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .step(&format!("bind /{sub}"))?;
+        .step(Step::BindScratch(sub.to_string()))?;
     }
-    umount2(&stage, MntFlags::MNT_DETACH).step("detach scratch stage")?;
-    fs::remove_dir(&stage).step("remove scratch stage")?;
+    umount2(&stage, MntFlags::MNT_DETACH).step(Step::DetachScratchStage)?;
+    fs::remove_dir(&stage).step(Step::RemoveScratchStage)?;
     Ok(())
 }
 
@@ -404,14 +395,14 @@ pub fn write_files(
     for ((name, _), content) in names.iter().zip(files) {
         // The server validated every name; the helper checks again with the same rule
         // before writing as the sandbox user.
-        gearbox_core::validate_relative_path("file name", name).step("write files")?;
+        gearbox_core::validate_relative_path("file name", name).step(Step::WriteFiles)?;
         let path = work.join(name);
         if let Some(parent) = path.parent() {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o755)
                 .create(parent)
-                .step(&format!("create directory for {name}"))?;
+                .step(Step::CreateDirectoryFor(name.clone()))?;
         }
         let mode = if content.starts_with(b"#!") {
             0o755
@@ -425,29 +416,7 @@ pub fn write_files(
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .and_then(|mut f| std::io::Write::write_all(&mut f, content))
-            .step(&format!("write {name}"))?;
+            .step(Step::WriteFile(name.clone()))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    /// The fork server's native init (`launchers/fork.rs`, built outside this crate) makes
-    /// the same /proc entries read-only as the cold path.
-    #[test]
-    fn the_fork_servers_init_protects_the_same_proc_entries() {
-        let native = include_str!("../launchers/fork.rs");
-        let line = native
-            .lines()
-            .find(|l| l.starts_with("const PROC_READONLY"))
-            .expect("fork.rs lists PROC_READONLY");
-        let listed = line.matches("b\"").count();
-        assert_eq!(listed, super::PROC_READONLY.len(), "{line}");
-        for entry in super::PROC_READONLY {
-            assert!(
-                line.contains(&format!("b\"{entry}\\0\"")),
-                "{entry}: {line}"
-            );
-        }
-    }
 }

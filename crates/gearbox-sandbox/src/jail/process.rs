@@ -13,23 +13,23 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{ForkResult, Pid, fork};
 
-use super::Step;
 use super::program::apply_rlimits;
-use crate::wire::{JailReport, JailSpec, StepError};
+use crate::step::{AtStep, Step, StepError};
+use crate::wire::{JailReport, JailSpec, SetupFailure};
 
 pub fn run(
     spec: &JailSpec,
     files: Vec<Vec<u8>>,
     start: Instant,
     report: &mut JailReport,
-) -> Result<(), StepError> {
-    let dir = nix::unistd::mkdtemp("/tmp/gearbox-run-XXXXXX").step("create workspace")?;
+) -> Result<(), SetupFailure> {
+    let dir = nix::unistd::mkdtemp("/tmp/gearbox-run-XXXXXX").step(Step::CreateWorkspace)?;
     let result = run_in(spec, &files, &dir, start, report);
     if let Ok(trailer) = &result {
         super::send_report(report, trailer);
     }
     let _ = fs::remove_dir_all(&dir);
-    result.map(|_| ())
+    result.map(|_| ()).map_err(SetupFailure::from)
 }
 
 /// The workspace's files as frames, when the spec asks for them and the program was not
@@ -42,9 +42,10 @@ fn collect(spec: &JailSpec, work: &Path, report: &JailReport) -> Result<Vec<u8>,
     if report.timed_out {
         return Ok(Vec::new());
     }
-    let root = gearbox_core::tree::open_dir(work).step("collect workspace")?;
+    let root = gearbox_core::tree::open_dir(work).step(Step::CollectWorkspace)?;
     let mut out = Vec::new();
-    gearbox_core::tree::collect_into(root.as_fd(), limits, &mut out).step("collect workspace")?;
+    gearbox_core::tree::collect_into(root.as_fd(), limits, &mut out)
+        .step(Step::CollectWorkspace)?;
     Ok(out)
 }
 
@@ -60,35 +61,32 @@ fn run_in(
     fs::DirBuilder::new()
         .mode(0o700)
         .create(&work)
-        .step("create workspace")?;
+        .step(Step::CreateWorkspace)?;
     fs::DirBuilder::new()
         .mode(0o700)
         .create(&tmp)
-        .step("create tmp")?;
+        .step(Step::CreateTmp)?;
     super::mount::write_files(&work, &spec.files, files)?;
-    let env = super::program_env(&spec.env, &work.to_string_lossy(), &tmp.to_string_lossy());
+    let env = crate::wire::program_env(&spec.env, &work.to_string_lossy(), &tmp.to_string_lossy());
     let argv: Vec<CString> = spec
         .argv
         .iter()
         .map(|a| CString::new(a.as_str()))
         .collect::<Result<_, _>>()
-        .step("prepare argv")?;
+        .step(Step::PrepareArgv)?;
     let envp: Vec<CString> = env
         .iter()
         .map(|(k, v)| CString::new(format!("{k}={v}")))
         .collect::<Result<_, _>>()
-        .step("prepare environment")?;
+        .step(Step::PrepareEnvironment)?;
     let Some(path) = argv.first().cloned() else {
-        return Err(StepError {
-            step: "prepare argv".into(),
-            message: "empty command".into(),
-        });
+        return Err(StepError::new(Step::PrepareArgv, "empty command"));
     };
     report
         .enforced
         .push("process: no isolation; rlimits and process-group kill only".into());
     // SAFETY: the helper is single-threaded, so fork is safe and the child may allocate.
-    match unsafe { fork() }.step("fork program")? {
+    match unsafe { fork() }.step(Step::ForkProgram)? {
         ForkResult::Child => {
             let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
             let _ = super::die_with_parent(0);
@@ -111,7 +109,7 @@ fn run_in(
             let started = Instant::now();
             report.setup_us = started.duration_since(start).as_micros() as u64;
             let deadline = started + Duration::from_millis(spec.limits.timeout_ms);
-            let pidfd = pidfd_open(child).step("open pidfd")?;
+            let pidfd = pidfd_open(child).step(Step::OpenPidfd)?;
             loop {
                 let now = Instant::now();
                 if now >= deadline {

@@ -7,13 +7,13 @@ use std::os::fd::OwnedFd;
 use nix::sys::resource::{Resource, setrlimit};
 use seccompiler::BpfProgram;
 
-use super::Step;
-use super::linux::Msg;
+use super::message::Msg;
 use std::os::fd::AsRawFd;
 
 use gearbox_core::Limits;
 
-use crate::wire::StepError;
+use crate::restriction::{MESSAGE_QUEUE_BYTES, PENDING_SIGNALS};
+use crate::step::{AtStep, Step, StepError};
 
 /// Apply the program's own restrictions and exec it. Returns only on failure.
 pub fn exec(
@@ -42,7 +42,7 @@ fn prepare_and_exec(
     st_w: &OwnedFd,
     job_fd: Option<&OwnedFd>,
 ) -> Result<Never, StepError> {
-    let argv = cstrings(argv_s.iter().map(String::as_str)).step("prepare argv")?;
+    let argv = cstrings(argv_s.iter().map(String::as_str)).step(Step::PrepareArgv)?;
     let envp = cstrings(
         env.iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -50,30 +50,27 @@ fn prepare_and_exec(
             .iter()
             .map(String::as_str),
     )
-    .step("prepare environment")?;
+    .step(Step::PrepareEnvironment)?;
     let Some(path) = argv.first().cloned() else {
-        return Err(StepError {
-            step: "prepare argv".into(),
-            message: "empty command".into(),
-        });
+        return Err(StepError::new(Step::PrepareArgv, "empty command"));
     };
-    nix::unistd::setsid().step("new session")?;
+    nix::unistd::setsid().step(Step::NewSession)?;
     apply_rlimits(limits, have_cgroup)?;
-    nix::unistd::chdir("/work").step("enter workspace")?;
-    drop_capabilities().step("drop capabilities")?;
+    nix::unistd::chdir("/work").step(Step::EnterWorkspace)?;
+    drop_capabilities().step(Step::DropCapabilities)?;
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes integers only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(std::io::Error::last_os_error()).step("set no_new_privs");
+        return Err(std::io::Error::last_os_error()).step(Step::SetNoNewPrivs);
     }
     let mut applied = vec!["capabilities: none".to_string(), "no_new_privs".to_string()];
-    applied.push(super::landlock::restrict(&["/work", "/tmp", "/dev/shm"]).step("landlock")?);
+    applied.push(super::landlock::restrict().step(Step::Landlock)?);
     for f in filters {
-        seccompiler::apply_filter(f).step("install seccomp filter")?;
+        seccompiler::apply_filter(f).step(Step::InstallSeccompFilter)?;
     }
     applied.push(format!("seccomp: {} filters (allow list)", filters.len()));
     if !have_cgroup {
-        let f = super::memwatch::unaccounted_memory_filter().step("compile memory filter")?;
-        seccompiler::apply_filter(&f).step("install memory filter")?;
+        let f = super::memwatch::unaccounted_memory_filter().step(Step::CompileMemoryFilter)?;
+        seccompiler::apply_filter(&f).step(Step::InstallMemoryFilter)?;
         applied.push("seccomp: memfd_create, shmget and msgget refused (no memory cgroup)".into());
     }
     Msg::Applied {
@@ -87,7 +84,7 @@ fn prepare_and_exec(
         // SAFETY: dup2 onto fd 3 of this process, then clear CLOEXEC on it (dup2 onto the
         // same number is a no-op that keeps the flag).
         if unsafe { libc::dup2(fd.as_raw_fd(), 3) < 0 || libc::fcntl(3, libc::F_SETFD, 0) < 0 } {
-            return Err(std::io::Error::last_os_error()).step("pass job pipe");
+            return Err(std::io::Error::last_os_error()).step(Step::PassJobPipe);
         }
         first_closed = 4;
     }
@@ -101,14 +98,14 @@ fn prepare_and_exec(
         )
     };
     let err = nix::unistd::execve(&path, &argv, &envp).err();
-    Err(StepError {
-        step: "execve".into(),
-        message: format!(
+    Err(StepError::new(
+        Step::Execve,
+        format!(
             "{}: {}",
             argv_s[0],
             err.map(|e| e.desc()).unwrap_or("failed")
         ),
-    })
+    ))
 }
 
 fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, std::ffi::NulError> {
@@ -118,26 +115,28 @@ fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, st
 pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
     let mib = 1024 * 1024;
     let cpu_s = l.cpu_rlimit_secs();
-    let set = |r: Resource, soft: u64, hard: u64, what: &str| setrlimit(r, soft, hard).step(what);
-    set(Resource::RLIMIT_CORE, 0, 0, "rlimit core")?;
+    let set = |r: Resource, soft: u64, hard: u64, name: &'static str| {
+        setrlimit(r, soft, hard).step(Step::Rlimit(name))
+    };
+    set(Resource::RLIMIT_CORE, 0, 0, "core")?;
     set(
         Resource::RLIMIT_NOFILE,
         l.open_files,
         l.open_files,
-        "rlimit nofile",
+        "nofile",
     )?;
     set(
         Resource::RLIMIT_FSIZE,
         l.file_size_mb * mib,
         l.file_size_mb * mib,
-        "rlimit fsize",
+        "fsize",
     )?;
-    set(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1, "rlimit cpu")?;
-    set(Resource::RLIMIT_NPROC, l.pids, l.pids, "rlimit nproc")?;
-    // Per-user counters, counted in the run's own user namespace: its share of the host
-    // user's pending signals and POSIX message-queue bytes (`launchers/fork.rs` sets the same).
-    set(Resource::RLIMIT_SIGPENDING, 1024, 1024, "rlimit sigpending")?;
-    set(Resource::RLIMIT_MSGQUEUE, 65536, 65536, "rlimit msgqueue")?;
+    set(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1, "cpu")?;
+    set(Resource::RLIMIT_NPROC, l.pids, l.pids, "nproc")?;
+    // Per-user counters, counted in the run's own user namespace.
+    let (signals, queues) = (PENDING_SIGNALS, MESSAGE_QUEUE_BYTES);
+    set(Resource::RLIMIT_SIGPENDING, signals, signals, "sigpending")?;
+    set(Resource::RLIMIT_MSGQUEUE, queues, queues, "msgqueue")?;
     if !have_cgroup {
         // Without a memory cgroup, cap private writable memory. RLIMIT_AS would break Node
         // and Go, which reserve large address ranges without touching them.
@@ -145,7 +144,7 @@ pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
             Resource::RLIMIT_DATA,
             l.memory_mb * mib,
             l.memory_mb * mib,
-            "rlimit data",
+            "data",
         )?;
     }
     Ok(())

@@ -18,8 +18,7 @@ use gearbox_core::EGRESS_PROXY_PORT;
 use nix::unistd::{ForkResult, fork};
 use seccompiler::BpfProgram;
 
-use super::Step;
-use crate::wire::StepError;
+use crate::step::{AtStep, Step, StepError};
 
 /// Connections relayed at once; more wait in the listener's backlog.
 const MAX_CONNECTIONS: usize = 64;
@@ -27,10 +26,10 @@ const MAX_CONNECTIONS: usize = 64;
 /// Bind the relay's port (before the program starts, so the program cannot take it) and
 /// fork the relay. Call from init, single-threaded, inside the run's namespaces.
 pub(super) fn start(socket: &Path, filters: &[BpfProgram]) -> Result<(), StepError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, EGRESS_PROXY_PORT))
-        .step("bind the egress relay")?;
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, EGRESS_PROXY_PORT)).step(Step::BindRelay)?;
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
-    match unsafe { fork() }.step("fork the egress relay")? {
+    match unsafe { fork() }.step(Step::ForkRelay)? {
         ForkResult::Child => {
             serve(listener, socket, filters);
             // SAFETY: leave without running the helper's destructors or atexit handlers.
@@ -71,7 +70,7 @@ fn serve(listener: TcpListener, socket: &Path, filters: &[BpfProgram]) {
 /// Everything the relay gives up before it serves: init's descriptors (the status pipe
 /// among them), stdio, capabilities, dumpability; then the program's filter.
 fn confine(listener: &TcpListener, filters: &[BpfProgram]) -> Result<(), StepError> {
-    super::die_with_parent(0).step("tie the relay to init")?;
+    super::die_with_parent(0).step(Step::TieRelayToInit)?;
     let keep = listener.as_raw_fd() as libc::c_uint;
     // SAFETY: close_range(2) on descriptor numbers this process owns; the listener is kept.
     unsafe {
@@ -82,25 +81,24 @@ fn confine(listener: &TcpListener, filters: &[BpfProgram]) -> Result<(), StepErr
         .read(true)
         .write(true)
         .open("/dev/null")
-        .step("open /dev/null")?;
+        .step(Step::OpenDevNull)?;
     for fd in 0..3 {
         // SAFETY: dup2 onto stdio numbers; the relay writes nothing to them.
         if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
-            return Err(std::io::Error::last_os_error())
-                .step("point the relay's stdio at /dev/null");
+            return Err(std::io::Error::last_os_error()).step(Step::RelayStdio);
         }
     }
     drop(null);
-    super::program::drop_capabilities().step("drop the relay's capabilities")?;
+    super::program::drop_capabilities().step(Step::DropRelayCapabilities)?;
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0
         // SAFETY: as above.
         || unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0
     {
-        return Err(std::io::Error::last_os_error()).step("make the relay undumpable");
+        return Err(std::io::Error::last_os_error()).step(Step::MakeRelayUndumpable);
     }
     for f in filters {
-        seccompiler::apply_filter(f).step("install the relay's seccomp filter")?;
+        seccompiler::apply_filter(f).step(Step::InstallRelaySeccompFilter)?;
     }
     Ok(())
 }

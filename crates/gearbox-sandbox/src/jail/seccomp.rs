@@ -663,7 +663,7 @@ mod tests {
         let server: Vec<&BpfProgram> = server.iter().collect();
         let mut forked = server.clone();
         forked.extend(&program);
-        // What launchers/fork.rs calls after installing the fork server's part: the loop's
+        // What launchers/fork/ calls after installing the fork server's part: the loop's
         // clone into new namespaces (a user namespace too), init's cgroup namespace, mounts,
         // hostname, loopback; the program's own restrictions.
         let built = [

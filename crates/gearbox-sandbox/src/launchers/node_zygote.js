@@ -4,7 +4,7 @@
 // for the namespaces, capabilities and the control protocol), with `--single-threaded`:
 // V8 then posts no work to its platform's worker threads, which exist in the fork server
 // but not in its forks. It runs no program itself: it loads the native loop of
-// /.gearbox/fork.so (launchers/fork.rs) as a Node-API module and calls `serve`, which forks
+// /.gearbox/fork.so (launchers/fork/) as a Node-API module and calls `serve`, which forks
 // one single-use sandbox per request and never returns in the fork server.
 //
 // In a program, `serve` returns after the native code has restricted it exactly as the cold

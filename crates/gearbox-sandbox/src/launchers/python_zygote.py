@@ -5,7 +5,7 @@
 # capabilities it needs to build per-run namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN, both
 # confined to the sandbox's own user namespace), at nice 10 (the server sets each program
 # back to 0 when it hands the run over). It never runs a program: it imports what a run
-# needs, then enters the native loop of /.gearbox/fork.so (launchers/fork.rs), which forks
+# needs, then enters the native loop of /.gearbox/fork.so (launchers/fork/), which forks
 # one single-use sandbox per request:
 #
 #   zygote ── init, pid 1 of the run (native): cloned into new mount/net/ipc/uts/pid
@@ -82,7 +82,7 @@ def _name(name):
 
 
 class _Handed(_ctypes.Structure):
-    """`Handed` of fork.rs: the program's control socket."""
+    """`Handed` of launchers/fork/serve.rs: the program's control socket."""
 
     _fields_ = [("chan", _ctypes.c_int)]
 

@@ -329,6 +329,87 @@ async fn a_run_cannot_exhaust_the_host_users_kernel_counters() {
     }
 }
 
+/// The program's restriction is the same on every path: the cold path's helper applies it in
+/// Rust (`jail/`), a fork server's programs in its native loop (`launchers/fork/`), both from
+/// one policy (`restriction.rs`). What each path shows a program is compared, and checked.
+#[tokio::test]
+async fn the_restriction_is_the_same_on_every_path() {
+    let code = r#"import os, resource, socket
+for e in ['sys', 'sysrq-trigger', 'irq', 'bus', 'fs']:
+    p = '/proc/' + e
+    if os.path.exists(p):
+        print(p, 'read-only' if os.statvfs(p).f_flag & os.ST_RDONLY else 'WRITABLE')
+areas = ['/work', '/tmp', '/dev/shm']
+for p in areas:
+    open(p + '/probe', 'w').write('x')
+    print(p, 'writable')
+print('one scratch', len({os.stat(p).st_dev for p in areas}) == 1, os.stat('/work').st_dev != os.stat('/').st_dev)
+for p in ['/gx', '/usr/gx', '/etc/gx', '/dev/gx', '/proc/gx']:
+    try:
+        open(p, 'w').write('x'); print('WROTE', p)
+    except OSError:
+        print('refused', p)
+open('/dev/null', 'w').write('x')
+print('zero', open('/dev/zero', 'rb').read(4) == bytes(4), 'random', len(open('/dev/urandom', 'rb').read(8)))
+full = os.open('/dev/full', os.O_WRONLY)
+try:
+    os.write(full, b'x')
+except OSError as e:
+    print('full', e.errno)
+for name in ['CORE', 'SIGPENDING', 'MSGQUEUE']:
+    print(name, resource.getrlimit(getattr(resource, 'RLIMIT_' + name)))
+print('inotify', open('/proc/sys/user/max_inotify_instances').read().strip(), open('/proc/sys/user/max_inotify_watches').read().strip())
+print('host', socket.gethostname())
+status = open('/proc/self/status').read().splitlines()
+for key in ['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp']:
+    print([l for l in status if l.startswith(key + ':')][0])
+"#;
+    let mut seen: Option<(String, String)> = None;
+    for (path, engine) in paths("python") {
+        let o = on(&path, &engine, run("python", code)).await;
+        assert_eq!(o.status, Status::Ok, "python on {path}: {o:?}");
+        let out = o.stdout.replace('\t', " ");
+        for line in [
+            "/proc/sys read-only",
+            "/work writable",
+            "/tmp writable",
+            "/dev/shm writable",
+            "one scratch True True",
+            "refused /gx",
+            "refused /usr/gx",
+            "refused /etc/gx",
+            "refused /dev/gx",
+            "refused /proc/gx",
+            "zero True random 8",
+            "full 28",
+            "CORE (0, 0)",
+            "SIGPENDING (1024, 1024)",
+            "MSGQUEUE (65536, 65536)",
+            "inotify 16 4096",
+            "host gearbox",
+            "CapInh: 0000000000000000",
+            "CapPrm: 0000000000000000",
+            "CapEff: 0000000000000000",
+            "CapBnd: 0000000000000000",
+            "CapAmb: 0000000000000000",
+            "NoNewPrivs: 1",
+            "Seccomp: 2",
+        ] {
+            assert!(out.contains(line), "python on {path}: {line}: {out}");
+        }
+        assert!(
+            !out.contains("WROTE") && !out.contains("WRITABLE"),
+            "python on {path}: {out}"
+        );
+        match &seen {
+            None => seen = Some((path, out)),
+            Some((first, expected)) => {
+                assert_eq!(&out, expected, "python on {path} differs from {first}");
+            }
+        }
+    }
+}
+
 /// `memory_mb` holds for the run as a whole, whether the kernel bounds it (a cgroup) or the
 /// helper samples it (no cgroup: an unprivileged helper): shared anonymous memory, many
 /// processes, memfd. The peak is measured, never a small wrong number.

@@ -1,20 +1,20 @@
-//! The fork server ("zygote"): warm Python and Node sandboxes that cost a few forks instead
-//! of a helper, namespaces from scratch and an interpreter start.
+//! The fork server (known elsewhere as a zygote): warm Python and Node sandboxes that cost a
+//! few forks instead of a helper, namespaces from scratch and an interpreter start.
 //!
-//! One zygote runs per pool key, inside a sandbox built like any other (the helper's init
+//! One fork server runs per pool key, inside a sandbox built like any other (the helper's init
 //! builds the root and starts `launchers/python_zygote.py` or `launchers/node_zygote.js`,
 //! with the Landlock ruleset on fd 3
 //! and a `SOCK_SEQPACKET` control socket on fd 4). For each slot the server sends one packet
 //! with four fds: the slot's own control socket and the program's stdin, stdout and stderr
-//! pipes. The zygote clones the
+//! pipes. The fork server clones the
 //! run's pid 1 straight into fresh mount, network, IPC, UTS and pid namespaces; once in its
 //! own cgroup it takes a cgroup namespace, scratch tmpfs and /proc, and forks the program,
 //! which restricts itself exactly as the cold path's program does (setsid, rlimits, every
 //! capability dropped, no_new_privs, Landlock, the cold path's seccomp allow list: part
 //! inherited from the fork server, the rest its own, see `jail/seccomp.rs`) and then blocks
 //! reading its program from stdin. The loop, init and the restriction are native
-//! (`launchers/fork.rs`); only the program runs Python or JavaScript. Nothing is shared
-//! between runs but the read-only root and the zygote's pristine memory (copy-on-write).
+//! (`launchers/fork/`); only the program runs Python or JavaScript. Nothing is shared
+//! between runs but the read-only root and the fork server's pristine memory (copy-on-write).
 //!
 //! The slot speaks one JSON message per packet; the kernel attaches each sender's pid
 //! (`SO_PASSCRED`), translated into the server's pid namespace. The server puts the slot in
@@ -41,24 +41,21 @@ use nix::sys::socket::{
 use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 
-use crate::backend::{Spawned, build_outcome, spawn_with, spec_for, take_payload};
-use crate::jail::Cgroup;
-use crate::wire::{HandOver, JailReport, Mode, Pooled, StepError, encode_handover};
+use crate::cgroup::{Cgroup, CgroupSupport};
+use crate::helper::{Spawned, build_outcome, spawn_with, spec_for, take_payload};
+use crate::step::{Step, StepError};
+use crate::wire::{HandOver, JailReport, Mode, Pooled, SetupFailure, encode_handover};
 
-/// How long a slot may take from request to ready (the first slot waits for the zygote).
+/// How long a slot may take from request to ready (the first slot waits for the fork server).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a program may take from hand-over to `started` (reading its files).
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
-/// The nice value a fork server and the sandboxes it builds run at until a run is handed
-/// over: building the pool's next sandbox, and a finished run's teardown, yield the CPU to
-/// requests (set before the fork server's exec, see `jail/init.rs`).
-pub(crate) const BUILD_NICE: i32 = 10;
 
 /// How long output is still read after the run's pid 1 reported the exit.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
 /// The built-in launchers that have a fork server, by launcher name.
-pub(crate) fn zygote_launcher(launcher: &str) -> Option<&'static str> {
+pub(crate) fn launcher_of(launcher: &str) -> Option<&'static str> {
     match launcher {
         "python" => Some("python-zygote"),
         "node" => Some("node-zygote"),
@@ -68,7 +65,7 @@ pub(crate) fn zygote_launcher(launcher: &str) -> Option<&'static str> {
 
 /// Interpreter options a fork server starts with, after the interpreter's path. Node's V8
 /// must post no work to its platform's worker threads: they do not exist in a fork.
-fn zygote_options(launcher: &str) -> &'static [&'static str] {
+fn interpreter_options(launcher: &str) -> &'static [&'static str] {
     match launcher {
         "node-zygote" => &["--single-threaded"],
         _ => &[],
@@ -81,16 +78,13 @@ pub(crate) fn supported() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SUPPORTED.get_or_init(|| {
         nix::unistd::Uid::current().is_root()
-            && !matches!(
-                crate::jail::CgroupSupport::cached(),
-                crate::jail::CgroupSupport::None { .. }
-            )
+            && !matches!(CgroupSupport::cached(), CgroupSupport::None { .. })
     })
 }
 
 /// Whether jobs with `launcher` are served by a fork server on this host.
 pub(crate) fn serves(launcher: &str) -> Option<&'static str> {
-    zygote_launcher(launcher)
+    launcher_of(launcher)
         .filter(|_| std::env::var("GEARBOX_FORK_SERVER").as_deref() != Ok("0"))
         .filter(|_| supported())
 }
@@ -99,6 +93,24 @@ pub(crate) fn serves(launcher: &str) -> Option<&'static str> {
 /// exists (its cgroup, its scratch tmpfs). A run lowers the others at hand-over.
 pub(crate) fn built_limits(l: &Limits) -> (u64, u64, u64) {
     (l.memory_mb, l.pids, l.disk_mb)
+}
+
+/// How long one fork server serves before a fresh one replaces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkServerLife {
+    /// Slots it builds.
+    pub max_runs: u64,
+    /// Time since it started.
+    pub max_age: std::time::Duration,
+}
+
+impl Default for ForkServerLife {
+    fn default() -> Self {
+        ForkServerLife {
+            max_runs: 1000,
+            max_age: std::time::Duration::from_secs(600),
+        }
+    }
 }
 
 /// One message of a slot.
@@ -124,24 +136,24 @@ enum SlotMsg {
 }
 
 /// A running fork server.
-pub(crate) struct Zygote {
+pub(crate) struct ForkServer {
     control: Mutex<OwnedFd>,
     helper: Mutex<tokio::process::Child>,
     limits: Limits,
-    /// Set by [`Zygote::stop`]: its end is expected, not a failure.
+    /// Set by [`ForkServer::stop`]: its end is expected, not a failure.
     stopping: Arc<std::sync::atomic::AtomicBool>,
-    /// Slots asked for so far, and when it started (see [`crate::ForkServerLife`]).
+    /// Slots asked for so far, and when it started (see [`ForkServerLife`]).
     served: std::sync::atomic::AtomicU64,
     born: Instant,
 }
 
-impl Zygote {
+impl ForkServer {
     /// Start a fork server for jobs like `template` (whose launcher is `launcher`).
     pub async fn start(
         helper: &Path,
         template: &Job,
         launcher: &str,
-    ) -> Result<Arc<Zygote>, SandboxError> {
+    ) -> Result<Arc<ForkServer>, SandboxError> {
         let argv = template
             .launcher
             .as_ref()
@@ -151,7 +163,7 @@ impl Zygote {
         let at = 1.min(argv.len());
         argv.splice(
             at..at,
-            zygote_options(launcher).iter().map(|o| o.to_string()),
+            interpreter_options(launcher).iter().map(|o| o.to_string()),
         );
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
@@ -162,7 +174,7 @@ impl Zygote {
         .map_err(|e| SandboxError::Spawn(e.into()))?;
         let pooled = Pooled {
             launcher: Some((launcher.to_string(), argv)),
-            zygote: true,
+            fork_server: true,
         };
         let spec = spec_for(Mode::Linux, template, Some(pooled));
         let Spawned {
@@ -174,7 +186,7 @@ impl Zygote {
         } = spawn_with(helper, &spec, Some(theirs.as_raw_fd())).await?;
         drop(theirs);
         let _ = stdin.shutdown().await;
-        // The zygote's own output and the helper's report arrive only if it fails: log them.
+        // The fork server's own output and the helper's report arrive only if it fails: log them.
         let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = Arc::clone(&stopping);
         tokio::spawn(async move {
@@ -197,7 +209,7 @@ impl Zygote {
                 "fork server ended"
             );
         });
-        Ok(Arc::new(Zygote {
+        Ok(Arc::new(ForkServer {
             control: Mutex::new(ours),
             helper: Mutex::new(child),
             limits: template.limits,
@@ -207,15 +219,15 @@ impl Zygote {
         }))
     }
 
-    /// Whether it has served its [`crate::ForkServerLife`]: a fresh one takes its place.
-    pub fn exhausted(&self, life: crate::ForkServerLife) -> bool {
+    /// Whether it has served its [`ForkServerLife`]: a fresh one takes its place.
+    pub fn exhausted(&self, life: ForkServerLife) -> bool {
         self.served.load(std::sync::atomic::Ordering::Relaxed) >= life.max_runs
             || self.born.elapsed() >= life.max_age
     }
 
     /// Stop a fork server taken out of service once nothing of it is left: no slot waiting
     /// in the pool and no run (a run's sandbox lives inside its fork server's).
-    pub async fn retire(server: Arc<Zygote>) {
+    pub async fn retire(server: Arc<ForkServer>) {
         while Arc::strong_count(&server) > 1 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -255,10 +267,7 @@ impl Zygote {
     pub async fn slot(self: &Arc<Self>) -> Result<Slot, SandboxError> {
         self.served
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let setup = |step: &str, e: String| SandboxError::Setup {
-            step: step.to_string(),
-            message: e,
-        };
+        let setup = |step: Step, e: String| SandboxError::from(StepError::new(step, e));
         let (chan, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -291,7 +300,7 @@ impl Zygote {
                 MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
                 None,
             )
-            .map_err(|e| setup("ask fork server", e.to_string()))?;
+            .map_err(|e| setup(Step::AskForkServer, e.to_string()))?;
         }
         drop((theirs, stdin_r, stdout_w, stderr_w));
         // SAFETY: `chan` is an open socket owned by the AsyncFd for its whole life.
@@ -300,35 +309,35 @@ impl Zygote {
         let (msg, pid) = next_built(&chan, deadline).await?;
         let Ok(SlotMsg::Hello) = serde_json::from_slice(&msg) else {
             return Err(setup(
-                "build slot",
+                Step::BuildSlot,
                 format!(
                     "unexpected first message: {}",
                     String::from_utf8_lossy(&msg)
                 ),
             ));
         };
-        let pid = pid.ok_or_else(|| setup("build slot", "no sender credentials".into()))?;
+        let pid = pid.ok_or_else(|| setup(Step::BuildSlot, "no sender credentials".into()))?;
         let limits = self.limits;
         let cgroup = tokio::task::spawn_blocking(move || {
             Cgroup::create(&limits).and_then(|cg| cg.attach(pid).map(|()| cg))
         })
         .await
-        .map_err(|e| setup("join cgroup", e.to_string()))?
-        .map_err(|e| setup("join cgroup", e))?;
+        .map_err(|e| setup(Step::JoinCgroup, e.to_string()))?
+        .map_err(|e| setup(Step::JoinCgroup, e))?;
         let mut enforced = cgroup.describe();
         // From here on, a slot that fails to build is killed and its cgroup removed.
         let mut guard = RunGuard {
             init: None,
             cgroup: Some(cgroup),
         };
-        send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup("build slot", e.to_string()))?;
+        send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup(Step::BuildSlot, e.to_string()))?;
         let mut applied = false;
         let mut program = None;
         while guard.init.is_none() || !applied {
             let (msg, pid) = next_built(&chan, deadline).await?;
             match serde_json::from_slice::<SlotMsg>(&msg) {
                 Ok(SlotMsg::Ready) => {
-                    let pid = pid.ok_or_else(|| setup("build slot", "no sender pid".into()))?;
+                    let pid = pid.ok_or_else(|| setup(Step::BuildSlot, "no sender pid".into()))?;
                     guard.init = Some(pidfd_open(pid).map_err(SandboxError::Spawn)?);
                 }
                 Ok(SlotMsg::Applied { mechanisms }) => {
@@ -338,8 +347,11 @@ impl Zygote {
                         program = Some((pid, pidfd_open(pid).map_err(SandboxError::Spawn)?));
                     }
                 }
-                Ok(SlotMsg::Failed { step, message }) => return Err(setup(&step, message)),
-                _ => return Err(setup("build slot", "unexpected message".into())),
+                // A step of the native loop (`launchers/fork/`), named by it.
+                Ok(SlotMsg::Failed { step, message }) => {
+                    return Err(SandboxError::Setup { step, message });
+                }
+                _ => return Err(setup(Step::BuildSlot, "unexpected message".into())),
             }
         }
         enforced.push(
@@ -365,8 +377,8 @@ impl Zygote {
 
 /// One built, waiting, single-use sandbox of a fork server.
 pub(crate) struct Slot {
-    /// The fork server it came from, which must outlive it (see [`Zygote::retire`]).
-    server: Arc<Zygote>,
+    /// The fork server it came from, which must outlive it (see [`ForkServer::retire`]).
+    server: Arc<ForkServer>,
     chan: AsyncFd<OwnedFd>,
     guard: RunGuard,
     stdin: tokio::net::unix::pipe::Sender,
@@ -450,7 +462,7 @@ impl Slot {
 
     /// Hand `job` over and wait for it.
     pub async fn run(self, job: Job) -> Result<(Outcome, Vec<String>), SandboxError> {
-        let env = crate::jail::program_env(&job.env, "/work", "/tmp");
+        let env = crate::wire::program_env(&job.env, "/work", "/tmp");
         let handover = HandOver {
             argv: job.argv.clone(),
             program_argv: job.program_argv.clone(),
@@ -477,7 +489,7 @@ impl Slot {
             program,
             enforced,
         } = self;
-        // Built at BUILD_NICE; the run itself gets the normal priority a cold run has.
+        // Built at a lower priority (`jail/init.rs`); the run itself gets the normal priority a cold run has.
         if let Some((pid, pidfd)) = &program
             && !pidfd_exited(pidfd)
         {
@@ -533,12 +545,16 @@ impl Slot {
                                 report.duration_us = s.elapsed().as_micros() as u64;
                             }
                             None => {
-                                report.error = Some(StepError {
-                                    step: "hand over".into(),
-                                    message: format!(
-                                        "the program did not start within {HANDOVER_TIMEOUT:?}"
-                                    ),
-                                });
+                                report.error = Some(
+                                    StepError::new(
+                                        Step::HandOver,
+                                        format!(
+                                            "the program did not start within \
+                                             {HANDOVER_TIMEOUT:?}"
+                                        ),
+                                    )
+                                    .into(),
+                                );
                             }
                         }
                         break;
@@ -551,7 +567,7 @@ impl Slot {
                         }
                         Ok(SlotMsg::Failed { step, message }) => {
                             slot_kill();
-                            report.error = Some(StepError { step, message });
+                            report.error = Some(SetupFailure { step, message });
                             break;
                         }
                         Ok(SlotMsg::Exited {
@@ -567,10 +583,13 @@ impl Slot {
                     },
                     Ok(Ok(None)) | Ok(Err(_)) => {
                         slot_kill();
-                        report.error = Some(StepError {
-                            step: "wait for program".into(),
-                            message: "the sandbox ended without a report".into(),
-                        });
+                        report.error = Some(
+                            StepError::new(
+                                Step::WaitForProgram,
+                                "the sandbox ended without a report",
+                            )
+                            .into(),
+                        );
                         break;
                     }
                 }
@@ -600,10 +619,7 @@ async fn next_built(
     chan: &AsyncFd<OwnedFd>,
     deadline: tokio::time::Instant,
 ) -> Result<(Vec<u8>, Option<i32>), SandboxError> {
-    let setup = |message: String| SandboxError::Setup {
-        step: "build slot".into(),
-        message,
-    };
+    let setup = |message: String| SandboxError::from(StepError::new(Step::BuildSlot, message));
     match tokio::time::timeout_at(deadline, recv(chan)).await {
         Err(_) => Err(setup(format!("took longer than {BUILD_TIMEOUT:?}"))),
         Ok(Err(e)) => Err(setup(e.to_string())),

@@ -1,0 +1,426 @@
+//! The server's side of the helper: spawn it, feed it the job, read the program's output
+//! while it runs, and turn the helper's report into an outcome.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use gearbox_core::{
+    CollectLimits, Collected, Job, Outcome, ResourceUsage, SandboxError, Status, read_capped_until,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::wire::{
+    HandOver, JailReport, JailSpec, Mode, Pooled, REPORT_FD, encode_handover, encode_header,
+};
+
+/// Time the helper may take beyond the run's own timeout (set-up and teardown) before the
+/// server kills it.
+const HELPER_GRACE: Duration = Duration::from_secs(30);
+/// How long output is still read after the helper reported (process mode: an escaped
+/// descendant may hold the pipes).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+
+/// A started helper: its pipes, before the program's data has been written.
+pub(crate) struct Spawned {
+    pub child: tokio::process::Child,
+    pub stdin: tokio::process::ChildStdin,
+    pub stdout: tokio::process::ChildStdout,
+    pub stderr: tokio::process::ChildStderr,
+    pub report: tokio::net::unix::pipe::Receiver,
+}
+
+/// The helper's spec for `job` (files listed; their bytes follow the header).
+pub(crate) fn spec_for(mode: Mode, job: &Job, pooled: Option<Pooled>) -> JailSpec {
+    JailSpec {
+        mode,
+        argv: job.argv.clone(),
+        env: job.env.clone(),
+        files: if pooled.is_some() {
+            vec![]
+        } else {
+            file_list(job)
+        },
+        limits: job.limits,
+        mounts: job.mounts.clone(),
+        egress: job.egress.clone(),
+        parent_pid: std::process::id() as i32,
+        pooled,
+        collect: None,
+    }
+}
+
+fn file_list(job: &Job) -> Vec<(String, u64)> {
+    job.files
+        .iter()
+        .map(|f| (f.path.clone(), f.content.len() as u64))
+        .collect()
+}
+
+/// Start the helper and send it `spec`.
+pub(crate) async fn spawn(helper: &Path, spec: &JailSpec) -> Result<Spawned, SandboxError> {
+    spawn_with(helper, spec, None).await
+}
+
+/// [`spawn`], passing `control_fd` to the helper as [`crate::wire::FORK_SERVER_FD`].
+pub(crate) async fn spawn_with(
+    helper: &Path,
+    spec: &JailSpec,
+    control_fd: Option<std::os::fd::RawFd>,
+) -> Result<Spawned, SandboxError> {
+    let header = encode_header(spec).map_err(|e| SandboxError::Protocol(e.to_string()))?;
+    let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| SandboxError::Spawn(e.into()))?;
+    let mut cmd = tokio::process::Command::new(helper);
+    cmd.arg("__jail")
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let w = report_w.as_raw_fd();
+    // SAFETY: the closure runs between fork and exec and calls only dup2, which is
+    // async-signal-safe; `w` stays open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(w, REPORT_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(c) = control_fd
+                && libc::dup2(c, crate::wire::FORK_SERVER_FD) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(SandboxError::Spawn)?;
+    drop(report_w);
+    let (Some(mut stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(SandboxError::Protocol("helper pipes missing".into()));
+    };
+    let report =
+        tokio::net::unix::pipe::Receiver::from_owned_fd(report_r).map_err(SandboxError::Spawn)?;
+    // A helper that fails early closes its stdin; its report then says why.
+    let _ = stdin.write_all(&header).await;
+    Ok(Spawned {
+        child,
+        stdin,
+        stdout,
+        stderr,
+        report,
+    })
+}
+
+/// Run `job` through a fresh helper and return its outcome plus the mechanisms it reported.
+pub(crate) async fn run_helper_report(
+    helper: PathBuf,
+    mode: Mode,
+    job: Job,
+) -> Result<(Outcome, Vec<String>), SandboxError> {
+    let sp = spawn(&helper, &spec_for(mode, &job, None)).await?;
+    let mut job = job;
+    let payload = take_payload(Vec::new(), &mut job);
+    finish(sp, payload, &job, mode)
+        .await
+        .map(|f| (f.outcome, f.enforced))
+}
+
+/// Run `job` through a fresh helper that sends back the workspace's files.
+pub(crate) async fn run_collecting(
+    helper: PathBuf,
+    mode: Mode,
+    job: Job,
+    limits: CollectLimits,
+) -> Result<(Outcome, Option<Collected>), SandboxError> {
+    let mut spec = spec_for(mode, &job, None);
+    spec.collect = Some(limits);
+    let sp = spawn(&helper, &spec).await?;
+    let mut job = job;
+    let payload = take_payload(Vec::new(), &mut job);
+    let f = finish(sp, payload, &job, mode).await?;
+    let mut outcome = f.outcome;
+    let collected = match (f.trailer, f.collect_error) {
+        (_, Some(e)) => {
+            note(&mut outcome, &e);
+            None
+        }
+        (Some(bytes), None) => match gearbox_core::tree::decode_frames(&bytes, &limits) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                note(&mut outcome, &e);
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    Ok((outcome, collected))
+}
+
+/// Add a note about the workspace to an outcome's reason.
+fn note(outcome: &mut Outcome, message: &str) {
+    let text = format!("workspace not saved: {message}");
+    outcome.reason = Some(match outcome.reason.take() {
+        Some(r) => format!("{r}; {text}"),
+        None => text,
+    });
+}
+
+/// What [`finish`] learned: the outcome, the mechanisms reported, and the collected
+/// workspace's frames when the run collected one.
+struct Finished {
+    outcome: Outcome,
+    enforced: Vec<String>,
+    trailer: Option<Vec<u8>>,
+    collect_error: Option<String>,
+}
+
+/// Hand `job` to a warm sandbox.
+pub(crate) async fn run_warm(
+    sp: Spawned,
+    job: Job,
+) -> Result<(Outcome, Vec<String>), SandboxError> {
+    let handover = HandOver {
+        argv: job.argv.clone(),
+        program_argv: job.program_argv.clone(),
+        env: job.env.clone(),
+        files: file_list(&job),
+        limits: None,
+        cpu_s: None,
+    };
+    let header = encode_handover(&handover).map_err(|e| SandboxError::Protocol(e.to_string()))?;
+    let mut job = job;
+    let payload = take_payload(vec![header], &mut job);
+    finish(sp, payload, &job, Mode::Linux)
+        .await
+        .map(|f| (f.outcome, f.enforced))
+}
+
+/// What follows a header on the helper's stdin: each file's bytes, then the program's stdin
+/// (moved out of `job`, not copied).
+pub(crate) fn take_payload(mut payload: Vec<Vec<u8>>, job: &mut Job) -> Vec<Vec<u8>> {
+    payload.reserve(job.files.len() + 1);
+    for f in &mut job.files {
+        payload.push(std::mem::take(&mut f.content));
+    }
+    payload.push(std::mem::take(&mut job.stdin));
+    payload
+}
+
+/// Write `payload` to the helper, read the program's output while it runs, and build the
+/// outcome from the helper's report.
+async fn finish(
+    sp: Spawned,
+    payload: Vec<Vec<u8>>,
+    job: &Job,
+    mode: Mode,
+) -> Result<Finished, SandboxError> {
+    let Spawned {
+        mut child,
+        mut stdin,
+        stdout,
+        stderr,
+        report: mut report_pipe,
+    } = sp;
+    let writer = async move {
+        // A helper that fails early closes its stdin; the write error is then expected and
+        // the helper's report says why.
+        let _ = async {
+            for chunk in &payload {
+                stdin.write_all(chunk).await?;
+            }
+            stdin.shutdown().await
+        }
+        .await;
+    };
+    let (exited_tx, exited_rx) = tokio::sync::watch::channel(false);
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+        tokio::time::sleep(DRAIN_AFTER_EXIT).await;
+    };
+    let cap = job.limits.output_bytes;
+    let out_reader = read_capped_until(stdout, cap, stop(exited_rx.clone()));
+    let err_reader = read_capped_until(stderr, cap, stop(exited_rx));
+    // The helper closes the report pipe once it has written the report (or when it dies):
+    // from then on the output readers only drain what is left.
+    let report_reader = async move {
+        let mut buf = Vec::new();
+        let _ = report_pipe.read_to_end(&mut buf).await;
+        let _ = exited_tx.send(true);
+        buf
+    };
+    let backstop = Duration::from_millis(job.limits.timeout_ms) + HELPER_GRACE;
+    let joined = tokio::time::timeout(backstop, async {
+        tokio::join!(writer, out_reader, err_reader, report_reader)
+    })
+    .await;
+    if joined.is_ok() {
+        // The helper may still be removing the run's cgroup: reap it in the background.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+    }
+    let Ok(((), out, err, report_bytes)) = joined else {
+        return Err(SandboxError::Protocol(format!(
+            "helper did not finish within {} ms; killed",
+            backstop.as_millis()
+        )));
+    };
+    // The report is one JSON value; a collecting run's workspace frames follow it.
+    let mut values = serde_json::Deserializer::from_slice(&report_bytes).into_iter::<JailReport>();
+    let parsed = values.next();
+    let report_end = values.byte_offset();
+    let report: JailReport = match parsed {
+        Some(Ok(r)) => r,
+        other => {
+            let e = match other {
+                Some(Err(e)) => e.to_string(),
+                _ => "empty".into(),
+            };
+            return Err(SandboxError::Protocol(format!(
+                "no report from the sandbox helper ({e}); stderr: {}",
+                err.text.chars().take(500).collect::<String>()
+            )));
+        }
+    };
+    let trailer = report
+        .collected
+        .then(|| report_bytes.get(report_end..).unwrap_or_default().to_vec());
+    tracing::debug!(timings = ?report.timings, setup_us = report.setup_us, "sandbox helper report");
+    let collect_error = report.collect_error.clone();
+    let enforced = report.enforced.clone();
+    let outcome = build_outcome(report, out, err, job, mode)?;
+    Ok(Finished {
+        outcome,
+        enforced,
+        trailer,
+        collect_error,
+    })
+}
+
+/// Turn a report and the captured output into the run's outcome (or its set-up error).
+pub(crate) fn build_outcome(
+    report: JailReport,
+    out: gearbox_core::CappedOutput,
+    err: gearbox_core::CappedOutput,
+    job: &Job,
+    mode: Mode,
+) -> Result<Outcome, SandboxError> {
+    if let Some(e) = report.error {
+        let mut message = e.message;
+        let stderr = err.text.trim();
+        if !stderr.is_empty() {
+            message.push_str(&format!(
+                "; stderr: {}",
+                stderr.chars().take(500).collect::<String>()
+            ));
+        }
+        return Err(SandboxError::Setup {
+            step: e.step,
+            message,
+        });
+    }
+    let (status, reason) = classify(&report, &job.limits);
+    Ok(Outcome {
+        status,
+        exit_code: report.exit_code,
+        signal: report.signal,
+        stdout: out.text,
+        stderr: err.text,
+        stdout_truncated: out.truncated,
+        stderr_truncated: err.truncated,
+        duration_ms: report.duration_us / 1000,
+        usage: ResourceUsage {
+            cpu_time_ms: report.cpu_time_ms,
+            peak_memory_kb: report.peak_memory_kb,
+            setup_us: Some(report.setup_us),
+            memory_limit: Some(
+                match (mode, report.memory_sampled) {
+                    (Mode::Process, _) => "per_process",
+                    (Mode::Linux, true) => "sampled",
+                    (Mode::Linux, false) => "cgroup",
+                }
+                .into(),
+            ),
+        },
+        reason,
+        language: job.language.clone(),
+        backend: match mode {
+            Mode::Linux => "linux".into(),
+            Mode::Process => "process".into(),
+        },
+        egress: None,
+    })
+}
+
+pub(crate) async fn run_helper(
+    helper: PathBuf,
+    mode: Mode,
+    job: Job,
+) -> Result<Outcome, SandboxError> {
+    run_helper_report(helper, mode, job).await.map(|(o, _)| o)
+}
+
+/// Decide the status of a run that started.
+fn classify(r: &JailReport, limits: &gearbox_core::Limits) -> (Status, Option<String>) {
+    if r.timed_out {
+        return (
+            Status::Timeout,
+            Some(format!(
+                "wall-clock limit of {} ms exceeded",
+                limits.timeout_ms
+            )),
+        );
+    }
+    let failed = r.exit_code != Some(0);
+    if r.oom_killed && failed {
+        let how = if r.memory_sampled {
+            " (measured by sampling: this host gives the sandbox no memory cgroup)"
+        } else {
+            ""
+        };
+        return (
+            Status::Killed,
+            Some(format!(
+                "memory limit of {} MiB exceeded{how}",
+                limits.memory_mb
+            )),
+        );
+    }
+    // The CPU time the program could use: what was asked, or (no `cpu_ms`) the backstop a
+    // second beyond the wall clock, which only a program on several threads reaches first.
+    let cpu_limit = limits.cpu_rlimit_secs() * 1000;
+    let cpu_reason = || {
+        if limits.cpu_ms == 0 {
+            format!(
+                "CPU time limit of {cpu_limit} ms (the wall-clock limit plus a second) exceeded"
+            )
+        } else {
+            format!("CPU time limit of {} ms exceeded", limits.cpu_ms)
+        }
+    };
+    match r.signal {
+        Some(libc::SIGXCPU) => return (Status::Killed, Some(cpu_reason())),
+        Some(libc::SIGKILL) if r.cpu_time_ms.is_some_and(|c| c + 50 >= cpu_limit) => {
+            return (Status::Killed, Some(cpu_reason()));
+        }
+        Some(libc::SIGXFSZ) => {
+            return (
+                Status::Killed,
+                Some(format!(
+                    "file size limit of {} MiB exceeded",
+                    limits.file_size_mb
+                )),
+            );
+        }
+        _ => {}
+    }
+    if failed {
+        (Status::Error, None)
+    } else {
+        (Status::Ok, None)
+    }
+}

@@ -1,0 +1,443 @@
+//! The fork server's loop and each run's init: [`gb_serve`] (called by the Python fork
+//! server after `gb_config`, and by the Node one through `napi.rs`), then, in each run, pid 1
+//! building the run's namespaces' contents from the shared policy and forking the program.
+
+use std::ffi::{c_char, c_int, c_long, c_ulong};
+use std::fmt::Write as _;
+
+use super::config::Config;
+use super::entropy::renew_openssl;
+use super::message::{Buf, Fail, check, send_buf, send_failed, send_str};
+use super::restrict::restrict;
+use super::restriction::{HOSTNAME, PROC_READONLY, SCRATCH, USER_LIMITS, scratch_inodes};
+use super::sys::*;
+
+/// What a program gets back: its control socket (stdio is on 0, 1, 2), which it closes
+/// before any of the run's code runs. How the program ended is never its to say: the run's
+/// init reports it from the wait status.
+#[repr(C)]
+pub struct Handed {
+    pub(crate) chan: c_int,
+}
+
+pub(crate) fn set_name(name: *const c_char) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string (the kernel keeps 15 bytes).
+    unsafe { prctl(PR_SET_NAME, name) };
+}
+
+/// Install the fork server's part of the seccomp policy, then serve slot requests on
+/// `config.control_fd` until it closes (returns 1 in the fork server; -1 if it cannot), or
+/// return 0 in a program, restricted and waiting for its hand-over on fd 0,
+/// with its control socket in `out`. Call with SIGCHLD ignored (the runs'
+/// inits are reaped by the kernel).
+///
+/// # Safety
+/// `config` and `out` point to valid structures; the caller holds the GIL and the process
+/// has one thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gb_serve(config: *const Config, out: *mut Handed) -> c_int {
+    // SAFETY: the caller passes a valid config.
+    let config = unsafe { &*config };
+    // The part of the seccomp policy that neither this loop nor a run's init calls: installed
+    // here once, inherited by every program.
+    for i in 0..config.inherited as usize {
+        // SAFETY: the config's filters live as long as this process.
+        if unsafe {
+            prctl(
+                PR_SET_SECCOMP,
+                SECCOMP_MODE_FILTER,
+                *config.server_filters.add(i),
+            )
+        } != 0
+        {
+            return -1;
+        }
+    }
+    loop {
+        let mut fds = [-1 as c_int; 8];
+        let n = receive(config.control_fd, &mut fds);
+        if n < 0 {
+            if errno() == EINTR {
+                continue;
+            }
+            return -1;
+        }
+        if n == 0 {
+            return 1;
+        }
+        let count = fds.iter().filter(|&&fd| fd >= 0).count();
+        if count != 4 {
+            close_all(&fds);
+            continue;
+        }
+        // A user namespace of its own too: the run's kernel counters (processes, pending
+        // signals, inotify, message queues) are its own, not shared with the other runs of
+        // this fork server, and it owns its other namespaces.
+        let flags =
+            CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID;
+        // The ids the run keeps, read here: in the new user namespace they read as unmapped
+        // until init maps them.
+        // SAFETY: getuid and getgid take nothing.
+        let ids = unsafe { (getuid(), getgid()) };
+        // SAFETY: a fork into new namespaces (no new stack, no shared memory); this process
+        // has one thread.
+        let pid = unsafe {
+            syscall(
+                SYS_CLONE,
+                (flags | SIGCHLD) as c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
+        if pid == 0 {
+            // SAFETY: `out` is valid; init returns only in the program.
+            unsafe { *out = init(config, [fds[0], fds[1], fds[2], fds[3]], ids) };
+            return 0;
+        }
+        if pid < 0 {
+            send_failed(fds[0], &Fail::new("new namespaces", errno()));
+        }
+        close_all(&fds);
+    }
+}
+
+/// One slot request: a packet with its fds (up to 8 kept); the byte count, 0 at EOF.
+fn receive(control: c_int, fds: &mut [c_int; 8]) -> isize {
+    let mut byte = [0u8; 64];
+    let mut iov = IoVec {
+        base: byte.as_mut_ptr().cast(),
+        len: byte.len(),
+    };
+    // CMSG_SPACE(8 * 4): the header (16 bytes) and the fds.
+    let mut control_buf = [0u64; 8];
+    let mut msg = MsgHdr {
+        name: std::ptr::null_mut(),
+        namelen: 0,
+        iov: &mut iov,
+        iovlen: 1,
+        control: control_buf.as_mut_ptr().cast(),
+        controllen: std::mem::size_of_val(&control_buf),
+        flags: 0,
+    };
+    // SAFETY: every pointer in `msg` points to a buffer on this stack frame.
+    let n = unsafe { recvmsg(control, &mut msg, MSG_CMSG_CLOEXEC) };
+    if n <= 0 {
+        return n;
+    }
+    let hdr_len = std::mem::size_of::<CmsgHdr>();
+    if msg.controllen >= hdr_len {
+        // SAFETY: the kernel wrote one control message at the start of the buffer.
+        let hdr = unsafe { &*(control_buf.as_ptr() as *const CmsgHdr) };
+        if hdr.level == SOL_SOCKET && hdr.ty == SCM_RIGHTS && hdr.len >= hdr_len {
+            let count = ((hdr.len - hdr_len) / 4).min(8);
+            // SAFETY: `count` fds follow the header inside the buffer.
+            let data = unsafe { (control_buf.as_ptr() as *const u8).add(hdr_len) as *const c_int };
+            for (i, fd) in fds.iter_mut().enumerate().take(count) {
+                // SAFETY: within the `count` fds the kernel wrote.
+                *fd = unsafe { data.add(i).read_unaligned() };
+            }
+        }
+    }
+    n
+}
+
+fn close_all(fds: &[c_int]) {
+    for &fd in fds {
+        if fd >= 0 {
+            // SAFETY: an fd this process received and owns.
+            unsafe { close(fd) };
+        }
+    }
+}
+
+/// Pid 1 of a run. Returns only in the program.
+fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32)) -> Handed {
+    let [chan, stdin, stdout, stderr] = fds;
+    set_name(c"gb-init".as_ptr());
+    // SAFETY: plain fd and signal calls on this process.
+    unsafe {
+        signal(SIGCHLD, SIG_DFL);
+        close(config.control_fd);
+    }
+    if let Err(fail) = map_ids(uid, gid) {
+        send_failed(chan, &fail);
+        // SAFETY: ends this process.
+        unsafe { _exit(1) };
+    }
+    send_str(chan, "{\"t\":\"hello\"}");
+    let mut go = [0u8; 64];
+    // SAFETY: reads into a buffer on this stack frame.
+    if unsafe { recv(chan, go.as_mut_ptr().cast(), go.len(), 0) } <= 0 {
+        // SAFETY: ends this process.
+        unsafe { _exit(0) };
+    }
+    if let Err(fail) = build(config) {
+        send_failed(chan, &fail);
+        // SAFETY: ends this process.
+        unsafe { _exit(1) };
+    }
+    // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
+    let child = unsafe { fork() };
+    if child == 0 {
+        return program(config, chan, stdin, stdout, stderr);
+    }
+    if child < 0 {
+        send_failed(chan, &Fail::new("fork program", errno()));
+        // SAFETY: ends this process.
+        unsafe { _exit(1) };
+    }
+    close_all(&[stdin, stdout, stderr]);
+    send_str(chan, "{\"t\":\"ready\"}");
+    let mut buf = Buf::new();
+    let _ = write!(buf, "{{\"t\":\"exited\",");
+    let mut status: c_int = 0;
+    loop {
+        // SAFETY: waits for this process's children, writing the status on this frame.
+        let pid = unsafe { waitpid(-1, &mut status, 0) };
+        if pid == child {
+            let code = status & 0x7f;
+            if code == 0 {
+                let _ = write!(buf, "\"code\":{},\"signal\":null,", (status >> 8) & 0xff);
+            } else {
+                let _ = write!(buf, "\"code\":null,\"signal\":{code},");
+            }
+            break;
+        }
+        if pid < 0 && errno() == ECHILD {
+            let _ = write!(buf, "\"code\":null,\"signal\":null,");
+            break;
+        }
+    }
+    let (cpu_us, maxrss) = rusage(RUSAGE_CHILDREN);
+    let _ = write!(
+        buf,
+        "\"cpu_time_ms\":{},\"max_rss_kb\":{}}}",
+        cpu_us / 1000,
+        maxrss
+    );
+    send_buf(chan, &buf);
+    // Whatever the program left behind dies with this pid namespace.
+    // SAFETY: signals every process of this pid namespace, then ends this one.
+    unsafe {
+        kill(-1, SIGKILL);
+        _exit(0)
+    }
+}
+
+/// CPU time (user and system, µs) and peak RSS (KiB) of `who` (RUSAGE_CHILDREN).
+fn rusage(who: c_int) -> (i64, c_long) {
+    let mut u = RUsage {
+        utime: TimeVal { sec: 0, usec: 0 },
+        stime: TimeVal { sec: 0, usec: 0 },
+        maxrss: 0,
+        rest: [0; 13],
+    };
+    // SAFETY: getrusage writes the structure on this frame.
+    unsafe { getrusage(who, &mut u) };
+    let us = (u.utime.sec + u.stime.sec) * 1_000_000 + u.utime.usec + u.stime.usec;
+    (us, u.maxrss)
+}
+
+/// Map the sandbox user (the fork server's uid and gid, 1000) to itself in the run's new
+/// user namespace, as an unprivileged process may for its own ids (setgroups denied first).
+fn map_ids(uid: u32, gid: u32) -> Result<(), Fail> {
+    let mut uid_map = Buf::new();
+    let _ = write!(uid_map, "{uid} {uid} 1");
+    let mut gid_map = Buf::new();
+    let _ = write!(gid_map, "{gid} {gid} 1");
+    write_file(c"/proc/self/setgroups".as_ptr(), b"deny", "map ids")?;
+    write_file(
+        c"/proc/self/gid_map".as_ptr(),
+        &gid_map.data[..gid_map.len],
+        "map ids",
+    )?;
+    write_file(
+        c"/proc/self/uid_map".as_ptr(),
+        &uid_map.data[..uid_map.len],
+        "map ids",
+    )
+}
+
+/// Where each run's scratch tmpfs is staged (an empty directory of the fork server's root,
+/// see `jail/mount.rs`), and the same as a C string.
+const STAGE_DIR: &str = "/.gearbox/stage/";
+const STAGE: &[u8] = b"/.gearbox/stage\0";
+
+/// `parts` joined as a C path; a path too long for [`CPath`] fails `step`.
+fn path(parts: &[&str], step: &'static str) -> Result<CPath, Fail> {
+    CPath::join(parts).ok_or(Fail::new(step, ENAMETOOLONG))
+}
+
+/// Write `content` to the existing file at `path` in one write.
+fn write_file(path: *const c_char, content: &[u8], step: &'static str) -> Result<(), Fail> {
+    // SAFETY: open, write and close with a NUL-terminated path and a buffer of `content`.
+    unsafe {
+        let fd = check(open(path, O_WRONLY | O_CLOEXEC), step)?;
+        let n = write(fd, content.as_ptr().cast(), content.len());
+        let e = errno();
+        close(fd);
+        if n != content.len() as isize {
+            return Err(Fail::new(step, e));
+        }
+    }
+    Ok(())
+}
+
+/// The run's own namespaces' contents: once the server has put init in the run's cgroup,
+/// a cgroup namespace, scratch tmpfs for /work, /tmp and /dev/shm, the hostname, a /proc of
+/// this pid namespace, and loopback.
+fn build(config: &Config) -> Result<(), Fail> {
+    // SAFETY: every call below passes NUL-terminated strings from this frame or statics.
+    unsafe {
+        // After the move into the run's cgroup, so that the namespace's root is that cgroup.
+        check(unshare(CLONE_NEWCGROUP), "new cgroup namespace")?;
+        let inodes = scratch_inodes(config.disk_mb);
+        let mut data = Buf::new();
+        let _ = write!(
+            data,
+            "size={}m,nr_inodes={},mode=0755\0",
+            config.disk_mb, inodes
+        );
+        check(
+            mount(
+                c"tmpfs".as_ptr(),
+                STAGE.as_ptr().cast(),
+                c"tmpfs".as_ptr(),
+                MS_NOSUID | MS_NODEV,
+                data.data.as_ptr().cast(),
+            ),
+            "mount scratch tmpfs",
+        )?;
+        for area in &SCRATCH {
+            let step = "create scratch directory";
+            let src = path(&[STAGE_DIR, area.stage], step)?;
+            let target = path(&[area.target], "bind")?;
+            check(mkdir(src.as_ptr(), 0o700), step)?;
+            check(chmod(src.as_ptr(), area.mode), step)?;
+            let r = mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                MS_BIND,
+                std::ptr::null(),
+            );
+            if r < 0 {
+                return Err(Fail::on("bind", area.target, errno()));
+            }
+        }
+        check(
+            umount2(STAGE.as_ptr().cast(), MNT_DETACH),
+            "detach scratch stage",
+        )?;
+        check(
+            sethostname(HOSTNAME.as_ptr().cast(), HOSTNAME.len()),
+            "set hostname",
+        )?;
+        let staged = c"/.gearbox/proc".as_ptr();
+        check(
+            mount(
+                c"proc".as_ptr(),
+                staged,
+                c"proc".as_ptr(),
+                MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                std::ptr::null(),
+            ),
+            "mount /proc",
+        )?;
+        // The run's share of the host user's kernel counters, set in its own user namespace
+        // before /proc/sys turns read-only.
+        for (name, value) in USER_LIMITS {
+            let step = "limit the run's kernel counters";
+            let p = path(&["/.gearbox/proc/sys/user/", name], step)?;
+            write_file(p.as_ptr(), value.as_bytes(), step)?;
+        }
+        for entry in PROC_READONLY {
+            let p = path(&["/.gearbox/proc/", entry], "bind /proc entry")?;
+            let p = p.as_ptr();
+            if access(p, 0) != 0 {
+                continue;
+            }
+            check(
+                mount(p, p, std::ptr::null(), MS_BIND | MS_REC, std::ptr::null()),
+                "bind /proc entry",
+            )?;
+            check(
+                mount(
+                    std::ptr::null(),
+                    p,
+                    std::ptr::null(),
+                    MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                    std::ptr::null(),
+                ),
+                "make /proc entry read-only",
+            )?;
+        }
+        // The fork server's /proc (which shows every run of this fork server) leaves the
+        // tree where it can; in the run's user namespace it is locked to its place (mounts
+        // inherited from a more privileged namespace cannot be taken away), so the run's own
+        // covers it.
+        if umount2(c"/proc".as_ptr(), MNT_DETACH) != 0 && errno() != EINVAL {
+            return Err(Fail::new("detach fork server /proc", errno()));
+        }
+        check(
+            mount(
+                staged,
+                c"/proc".as_ptr(),
+                std::ptr::null(),
+                MS_MOVE,
+                std::ptr::null(),
+            ),
+            "move /proc",
+        )?;
+        let s = check(socket(AF_INET, SOCK_DGRAM, 0), "bring up loopback")?;
+        let mut ifreq = [0u8; 40];
+        ifreq[..2].copy_from_slice(b"lo");
+        let r = ioctl(s, SIOCGIFFLAGS, ifreq.as_mut_ptr());
+        if r == 0 {
+            let flags = i16::from_ne_bytes([ifreq[16], ifreq[17]]) | IFF_UP;
+            ifreq[16..18].copy_from_slice(&flags.to_ne_bytes());
+        }
+        let r = if r == 0 {
+            ioctl(s, SIOCSIFFLAGS, ifreq.as_mut_ptr())
+        } else {
+            r
+        };
+        let e = errno();
+        close(s);
+        if r != 0 {
+            return Err(Fail::new("bring up loopback", e));
+        }
+    }
+    Ok(())
+}
+
+/// The program: restricted exactly as the cold path restricts a program before exec
+/// (`jail/program.rs`), then back to Python. A failed step is reported and ends it.
+fn program(config: &Config, chan: c_int, stdin: c_int, stdout: c_int, stderr: c_int) -> Handed {
+    set_name(config.program_name);
+    if let Err(fail) = renew_openssl() {
+        send_failed(chan, &fail);
+        // SAFETY: ends this process.
+        unsafe { _exit(127) }
+    }
+    match restrict(config, [stdin, stdout, stderr]) {
+        Ok(landlock) => {
+            let mut buf = Buf::new();
+            let _ = write!(
+                buf,
+                "{{\"t\":\"applied\",\"mechanisms\":[\"capabilities: none\",\"no_new_privs\",\"{landlock}\",\"seccomp: {} filters (allow list; {} set in the fork server)\"]}}",
+                config.nfilters + config.inherited,
+                config.inherited
+            );
+            send_buf(chan, &buf);
+            Handed { chan }
+        }
+        Err(fail) => {
+            send_failed(chan, &fail);
+            // SAFETY: ends this process.
+            unsafe { _exit(127) }
+        }
+    }
+}
