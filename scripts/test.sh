@@ -20,7 +20,10 @@ bash scripts/build-guest.sh --check
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 # The fork server's native loop is compiled by build.rs, outside the crate's module tree.
-rustfmt --check --edition 2024 crates/gearbox-sandbox/src/launchers/fork.rs
+rustfmt --check --edition 2024 crates/gearbox-sandbox/src/launchers/fork/*.rs
+
+echo "== no module cycles in any crate"
+python3 scripts/module-cycles.py
 
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
