@@ -156,7 +156,10 @@ async fn the_outcome_is_the_supervisors_and_programs_hold_only_stdio() {
                 let cpu = o.usage.cpu_time_ms.expect("CPU time measured");
                 let least = if language == "bash" { 50 } else { 290 };
                 assert!(cpu >= least, "{at}: CPU time {cpu} ms: {o:?}");
-                assert!(o.duration_ms >= least, "{at}: {o:?}");
+                // The duration starts when the helper hears the program started, after the
+                // interpreter's own start-up, which its CPU clock already counts: a loaded
+                // machine can make it a little shorter than the CPU time. Not the forged 0.
+                assert!(o.duration_ms >= least / 2, "{at}: {o:?}");
                 let held = o.stdout.lines().next().unwrap_or_default();
                 match language {
                     // Python: nothing at all beyond stdio (the opened /proc/self/fd/N of
