@@ -446,8 +446,11 @@ async fn forward(state: Arc<RunState>, mut req: Request<Incoming>) -> Response<B
         Err(why) => return refused(&state, &host, port, why),
     };
     let key = format!("{host}:{port}");
-    let counted = Counted::new(stream);
-    let (up, down) = (counted.up.clone(), counted.down.clone());
+    let bytes = state.book().request(&key);
+    let counted = Counted {
+        inner: stream,
+        bytes,
+    };
     let (mut sender, conn) =
         match hyper::client::conn::http1::handshake(TokioIo::new(counted)).await {
             Ok(pair) => pair,
@@ -455,19 +458,12 @@ async fn forward(state: Arc<RunState>, mut req: Request<Incoming>) -> Response<B
                 return refused(&state, &host, port, Refusal::Unreachable(e.to_string()));
             }
         };
-    state.book().request(&key);
     let stop = state.stop.clone();
-    let book_state = state.clone();
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = conn => {}
         }
-        book_state.book().bytes(
-            &key,
-            up.load(Ordering::Relaxed),
-            down.load(Ordering::Relaxed),
-        );
     });
     // Origin form upstream; proxy-only headers stay here.
     let path = uri
@@ -503,12 +499,10 @@ async fn tunnel<C>(state: &RunState, host: &str, port: u16, client: C, upstream:
 where
     C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let key = format!("{host}:{port}");
-    state.book().request(&key);
+    let bytes = state.book().request(&format!("{host}:{port}"));
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = upstream.into_split();
-    let down = Arc::new(AtomicU64::new(0));
-    let down_count = down.clone();
+    let down_count = bytes.clone();
     let downward = tokio::spawn(async move {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
@@ -518,13 +512,12 @@ where
                     if cw.write_all(&buf[..n]).await.is_err() {
                         break;
                     }
-                    down_count.fetch_add(n as u64, Ordering::Relaxed);
+                    down_count.down.fetch_add(n as u64, Ordering::Relaxed);
                 }
             }
         }
         let _ = cw.shutdown().await;
     });
-    let mut up_bytes = 0u64;
     let mut first = Vec::new();
     let mut buf = vec![0u8; 16 * 1024];
     let allowed = loop {
@@ -549,7 +542,7 @@ where
         }
     };
     if allowed && !first.is_empty() && uw.write_all(&first).await.is_ok() {
-        up_bytes += first.len() as u64;
+        bytes.up.fetch_add(first.len() as u64, Ordering::Relaxed);
         loop {
             match cr.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
@@ -557,7 +550,7 @@ where
                     if uw.write_all(&buf[..n]).await.is_err() {
                         break;
                     }
-                    up_bytes += n as u64;
+                    bytes.up.fetch_add(n as u64, Ordering::Relaxed);
                 }
             }
         }
@@ -569,9 +562,6 @@ where
         let _ = uw.shutdown().await;
         let _ = downward.await;
     }
-    state
-        .book()
-        .bytes(&key, up_bytes, down.load(Ordering::Relaxed));
 }
 
 enum Hello {
@@ -608,18 +598,7 @@ fn server_name(bytes: &[u8]) -> Hello {
 /// A stream that counts the bytes written to it (up) and read from it (down).
 struct Counted<S> {
     inner: S,
-    up: Arc<AtomicU64>,
-    down: Arc<AtomicU64>,
-}
-
-impl<S> Counted<S> {
-    fn new(inner: S) -> Counted<S> {
-        Counted {
-            inner,
-            up: Arc::new(AtomicU64::new(0)),
-            down: Arc::new(AtomicU64::new(0)),
-        }
-    }
+    bytes: Arc<Bytes2>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
@@ -631,7 +610,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
-        self.down.fetch_add(n as u64, Ordering::Relaxed);
+        self.bytes.down.fetch_add(n as u64, Ordering::Relaxed);
         r
     }
 }
@@ -644,7 +623,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = &r {
-            self.up.fetch_add(*n as u64, Ordering::Relaxed);
+            self.bytes.up.fetch_add(*n as u64, Ordering::Relaxed);
         }
         r
     }
@@ -656,10 +635,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     }
 }
 
+/// Bytes of one host, counted as they pass (a run's end reads them, whatever is in flight).
+#[derive(Default)]
+struct Bytes2 {
+    up: AtomicU64,
+    down: AtomicU64,
+}
+
 /// The ledger as it fills.
 struct Book {
     granted: Vec<String>,
-    hosts: Vec<EgressHost>,
+    hosts: Vec<(String, u64, Arc<Bytes2>)>,
     index: HashMap<String, usize>,
     refused: Vec<EgressRefusal>,
     refused_total: u64,
@@ -676,7 +662,8 @@ impl Book {
         }
     }
 
-    fn entry(&mut self, key: &str) -> &mut EgressHost {
+    /// Count one request (or tunnel) to `key`; returns the host's byte counters.
+    fn request(&mut self, key: &str) -> Arc<Bytes2> {
         let key = if self.index.contains_key(key) || self.index.len() < MAX_LEDGER_HOSTS {
             key
         } else {
@@ -685,25 +672,14 @@ impl Book {
         let i = match self.index.get(key) {
             Some(&i) => i,
             None => {
-                self.hosts.push(EgressHost {
-                    host: key.to_string(),
-                    ..Default::default()
-                });
+                self.hosts
+                    .push((key.to_string(), 0, Arc::new(Bytes2::default())));
                 self.index.insert(key.to_string(), self.hosts.len() - 1);
                 self.hosts.len() - 1
             }
         };
-        &mut self.hosts[i]
-    }
-
-    fn request(&mut self, key: &str) {
-        self.entry(key).requests += 1;
-    }
-
-    fn bytes(&mut self, key: &str, up: u64, down: u64) {
-        let e = self.entry(key);
-        e.bytes_up += up;
-        e.bytes_down += down;
+        self.hosts[i].1 += 1;
+        self.hosts[i].2.clone()
     }
 
     fn refused(&mut self, host: String, reason: String) {
@@ -716,7 +692,16 @@ impl Book {
     fn snapshot(&self) -> EgressLedger {
         EgressLedger {
             granted: self.granted.clone(),
-            hosts: self.hosts.clone(),
+            hosts: self
+                .hosts
+                .iter()
+                .map(|(host, requests, b)| EgressHost {
+                    host: host.clone(),
+                    requests: *requests,
+                    bytes_up: b.up.load(Ordering::Relaxed),
+                    bytes_down: b.down.load(Ordering::Relaxed),
+                })
+                .collect(),
             refused: self.refused.clone(),
             refused_total: self.refused_total,
         }
