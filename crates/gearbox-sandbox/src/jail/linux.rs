@@ -74,7 +74,8 @@ pub fn run(
         )
     };
     if pid < 0 {
-        Err(std::io::Error::last_os_error()).step(Step::CloneIntoNewNamespaces)?;
+        let e = std::io::Error::last_os_error();
+        return Err(StepError::new(Step::CloneIntoNewNamespaces, e.to_string()).into());
     }
     if pid == 0 {
         drop(go_w);
