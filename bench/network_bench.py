@@ -7,7 +7,7 @@
    network (`--network=inet.test`): median and p90 wall time, the difference and the ratio.
    Runs are interleaved so machine noise hits both alike.
 2. Throughput: a file of `--mb` MiB fetched over HTTP from a server in a network namespace
-   (veth, 203.0.113.2), directly by the host's Python and through a granted run's relay and
+   (veth, 198.51.100.254 in a /30), directly by the host's Python and through a granted run's relay and
    egress proxy; MB/s each and the ratio. The sandboxed figure includes the interpreter's
    start (measured by the program itself around the fetch only).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = f"gbxbench-{os.getpid()}"
-INET = "203.0.113.2"
+INET = "198.51.100.254"
 
 
 def sh(cmd):
@@ -47,10 +47,13 @@ def main():
         for prefix in ("gbxnet-", "gbxbench-"):
             if name.startswith(prefix) and not Path(f"/proc/{name[len(prefix):]}").exists():
                 subprocess.run(["ip", "netns", "del", name])
+    routed = subprocess.run(["ip", "-o", "route", "show", "match", INET], capture_output=True, text=True).stdout
+    if any(not l.startswith("default") for l in routed.splitlines()):
+        raise SystemExit(f"{INET} is already routed here ({routed.strip()}); the bench would hijack it")
     tmp = Path(tempfile.mkdtemp(prefix="gbx-netbench-"))
     h, i = f"gbbh{os.getpid() % 10000}", f"gbbi{os.getpid() % 10000}"
     sh(f"ip netns add {NS} && ip link add {h} type veth peer name {i} && ip link set {i} netns {NS} "
-       f"&& ip addr add 203.0.113.1/24 dev {h} && ip link set {h} up && ip -n {NS} addr add {INET}/24 dev {i} "
+       f"&& ip addr add 198.51.100.253/30 dev {h} && ip link set {h} up && ip -n {NS} addr add {INET}/30 dev {i} "
        f"&& ip -n {NS} link set {i} up && ip -n {NS} link set lo up")
     server = None
     try:

@@ -2,7 +2,8 @@
 //! through the egress proxy, and only to the hosts of their grant.
 //!
 //! The stand-in internet is a network namespace this test binary creates (root only): a veth
-//! pair, `203.0.113.2` inside, an HTTP server on port 80 and an HTTPS one on 443 whose
+//! pair, `198.51.100.254` inside (a /30 of a documentation range, so the route it adds covers
+//! four addresses; a host that already routes them elsewhere is refused, not hijacked), an HTTP server on port 80 and an HTTPS one on 443 whose
 //! certificate (for `inet.test` and `other.test`) a test CA made here signs. Checks that
 //! need no internet (what is never reachable) run unprivileged too.
 
@@ -18,7 +19,8 @@ use gearbox_engine::{Config, Engine};
 
 use crate::support::{Run, is_root, run};
 
-const INET: &str = "203.0.113.2";
+const INET: &str = "198.51.100.254";
+const INET_HOST_SIDE: &str = "198.51.100.253/30";
 
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -76,6 +78,14 @@ fn internet() -> Option<&'static Internet> {
     .as_ref()
 }
 
+static NS_NAME: OnceLock<String> = OnceLock::new();
+
+extern "C" fn remove_internet() {
+    if let Some(ns) = NS_NAME.get() {
+        let _ = Command::new("ip").args(["netns", "del", ns]).status();
+    }
+}
+
 fn sh(cmd: &str) {
     let st = Command::new("sh").arg("-c").arg(cmd).status().expect("sh");
     assert!(st.success(), "{cmd}");
@@ -95,16 +105,31 @@ fn start_internet() -> Internet {
             let _ = Command::new("ip").args(["netns", "del", name]).status();
         }
     }
+    // The route this adds must not take traffic the host sends elsewhere (a documentation
+    // range can be in real use on a test machine: a package mirror, say).
+    let routes = Command::new("ip")
+        .args(["-o", "route", "show", "match", INET])
+        .output()
+        .expect("ip route");
+    let routes = String::from_utf8_lossy(&routes.stdout).to_string();
+    assert!(
+        routes.lines().all(|l| l.starts_with("default")),
+        "{INET} is already routed on this host ({routes:?}); the stand-in internet would hijack it"
+    );
     let pid = std::process::id();
     let ns = format!("gbxnet-{pid}");
+    // Removed when this test process exits (with the namespace go the veth pair and its route).
+    NS_NAME.set(ns.clone()).expect("one stand-in internet");
+    // SAFETY: registering a plain extern "C" function without arguments.
+    unsafe { libc::atexit(remove_internet) };
     let (host_if, inner_if) = (
         format!("gbh{}", pid % 100_000),
         format!("gbi{}", pid % 100_000),
     );
     sh(&format!(
         "ip netns add {ns} && ip link add {host_if} type veth peer name {inner_if} && \
-         ip link set {inner_if} netns {ns} && ip addr add 203.0.113.1/24 dev {host_if} && \
-         ip link set {host_if} up && ip -n {ns} addr add {INET}/24 dev {inner_if} && \
+         ip link set {inner_if} netns {ns} && ip addr add {INET_HOST_SIDE} dev {host_if} && \
+         ip link set {host_if} up && ip -n {ns} addr add {INET}/30 dev {inner_if} && \
          ip -n {ns} link set {inner_if} up && ip -n {ns} link set lo up"
     ));
     let dir = PathBuf::from(format!("/tmp/gearbox-inet-{pid}"));
@@ -274,7 +299,7 @@ except Exception as e:
 async fn dialing_out_without_the_proxy_fails_closed() {
     let code = r#"
 import socket
-for target in [('203.0.113.2', 80), ('1.1.1.1', 443)]:
+for target in [('198.51.100.254', 80), ('1.1.1.1', 443)]:
     try:
         socket.create_connection(target, timeout=5); print(target, 'CONNECTED')
     except OSError as e:
@@ -439,4 +464,29 @@ raise SystemExit(3)
     );
     assert_eq!(o.exit_code, Some(3), "{o:?}");
     assert_eq!(o.status, Status::Error, "{o:?}");
+}
+
+/// Only the linux backend confines a run to the proxy: the others refuse a grant rather
+/// than run with no network (wasm) or a network of their own (docker).
+#[tokio::test]
+async fn backends_that_cannot_confine_a_run_refuse_network() {
+    for backend in [
+        gearbox_core::BackendKind::Wasm,
+        gearbox_core::BackendKind::Docker,
+    ] {
+        let mut req = run("javascript", "console.log(1)").req;
+        req.network = hosts(&["inet.test"]);
+        let o = crate::support::runtime()
+            .spawn(engine().execute(req, Some(backend)))
+            .await
+            .expect("run task");
+        assert_eq!(o.status, Status::Denied, "{backend}: {o:?}");
+        assert!(
+            o.reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("cannot confine a run to the egress proxy"),
+            "{backend}: {o:?}"
+        );
+    }
 }
