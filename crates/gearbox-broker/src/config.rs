@@ -369,18 +369,7 @@ impl BrokerConfig {
         if let Some(d) = &self.runtime_dir {
             return d.clone();
         }
-        if let Some(d) = std::env::var_os("RUNTIME_DIRECTORY") {
-            return PathBuf::from(d).join("broker");
-        }
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
-        if uid == 0 {
-            return PathBuf::from("/run/gearbox/broker");
-        }
-        if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
-            return PathBuf::from(d).join("gearbox/broker");
-        }
-        PathBuf::from(format!("/tmp/gearbox-{uid}/broker"))
+        gearbox_core::rundir::runtime_dir("broker")
     }
 
     /// The limits of a run: `o` over the defaults, each at most its maximum (an error names

@@ -4,6 +4,25 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+/// gearbox's runtime directory for `name` (`broker`, `egress`, `approvals`): under
+/// `$RUNTIME_DIRECTORY` (systemd), else `/run/gearbox` as root, else
+/// `$XDG_RUNTIME_DIR/gearbox`, else `/tmp/gearbox-UID`.
+pub fn runtime_dir(name: &str) -> std::path::PathBuf {
+    use std::path::PathBuf;
+    if let Some(d) = std::env::var_os("RUNTIME_DIRECTORY") {
+        return PathBuf::from(d).join(name);
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/gearbox").join(name);
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(d).join("gearbox").join(name);
+    }
+    PathBuf::from(format!("/tmp/gearbox-{uid}")).join(name)
+}
+
 /// Who may reach a run's socket: the server's uid, and the sandbox's host uid (as root,
 /// where the sandbox runs as [`crate::SANDBOX_HOST_ID`]). Unprivileged, the sandbox user
 /// is the server's own uid.

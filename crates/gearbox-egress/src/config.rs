@@ -85,17 +85,6 @@ impl NetworkConfig {
         if let Some(d) = &self.runtime_dir {
             return d.clone();
         }
-        if let Some(d) = std::env::var_os("RUNTIME_DIRECTORY") {
-            return PathBuf::from(d).join("egress");
-        }
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
-        if uid == 0 {
-            return PathBuf::from("/run/gearbox/egress");
-        }
-        if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
-            return PathBuf::from(d).join("gearbox/egress");
-        }
-        PathBuf::from(format!("/tmp/gearbox-{uid}/egress"))
+        gearbox_core::rundir::runtime_dir("egress")
     }
 }

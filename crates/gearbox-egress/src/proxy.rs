@@ -598,7 +598,7 @@ fn server_name(bytes: &[u8]) -> Hello {
 /// A stream that counts the bytes written to it (up) and read from it (down).
 struct Counted<S> {
     inner: S,
-    bytes: Arc<Bytes2>,
+    bytes: Arc<HostBytes>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
@@ -637,7 +637,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 
 /// Bytes of one host, counted as they pass (a run's end reads them, whatever is in flight).
 #[derive(Default)]
-struct Bytes2 {
+struct HostBytes {
     up: AtomicU64,
     down: AtomicU64,
 }
@@ -645,7 +645,7 @@ struct Bytes2 {
 /// The ledger as it fills.
 struct Book {
     granted: Vec<String>,
-    hosts: Vec<(String, u64, Arc<Bytes2>)>,
+    hosts: Vec<(String, u64, Arc<HostBytes>)>,
     index: HashMap<String, usize>,
     refused: Vec<EgressRefusal>,
     refused_total: u64,
@@ -663,7 +663,7 @@ impl Book {
     }
 
     /// Count one request (or tunnel) to `key`; returns the host's byte counters.
-    fn request(&mut self, key: &str) -> Arc<Bytes2> {
+    fn request(&mut self, key: &str) -> Arc<HostBytes> {
         let key = if self.index.contains_key(key) || self.index.len() < MAX_LEDGER_HOSTS {
             key
         } else {
@@ -673,7 +673,7 @@ impl Book {
             Some(&i) => i,
             None => {
                 self.hosts
-                    .push((key.to_string(), 0, Arc::new(Bytes2::default())));
+                    .push((key.to_string(), 0, Arc::new(HostBytes::default())));
                 self.index.insert(key.to_string(), self.hosts.len() - 1);
                 self.hosts.len() - 1
             }

@@ -198,18 +198,7 @@ impl ApprovalsConfig {
         if let Some(d) = &self.socket_dir {
             return d.clone();
         }
-        if let Some(d) = std::env::var_os("RUNTIME_DIRECTORY") {
-            return PathBuf::from(d).join("approvals");
-        }
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
-        if uid == 0 {
-            return PathBuf::from("/run/gearbox/approvals");
-        }
-        if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
-            return PathBuf::from(d).join("gearbox/approvals");
-        }
-        PathBuf::from(format!("/tmp/gearbox-{uid}/approvals"))
+        gearbox_core::rundir::runtime_dir("approvals")
     }
 }
 

@@ -51,9 +51,6 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a program may take from hand-over to `started` (reading its files).
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// How long output is still read after the run's pid 1 reported the exit.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
-
 /// The built-in launchers that have a fork server, by launcher name.
 pub(crate) fn launcher_of(launcher: &str) -> Option<&'static str> {
     match launcher {
@@ -515,14 +512,8 @@ impl Slot {
             }
             drop(stdin);
         };
-        let (exited_tx, exited_rx) = tokio::sync::watch::channel(false);
-        let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|v| *v).await;
-            tokio::time::sleep(DRAIN_AFTER_EXIT).await;
-        };
-        let cap = job.limits.output_bytes;
-        let out_reader = read_capped_until(stdout, cap, stop(exited_rx.clone()));
-        let err_reader = read_capped_until(stderr, cap, stop(exited_rx));
+        let (exited_tx, out_reader, err_reader) =
+            crate::helper::output_readers(stdout, stderr, job.limits.output_bytes);
         let timeout = Duration::from_millis(job.limits.timeout_ms);
         let watcher = async {
             let mut report = JailReport {

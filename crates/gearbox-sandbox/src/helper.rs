@@ -18,9 +18,35 @@ use crate::wire::{
 /// Time the helper may take beyond the run's own timeout (set-up and teardown) before the
 /// server kills it.
 const HELPER_GRACE: Duration = Duration::from_secs(30);
-/// How long output is still read after the helper reported (process mode: an escaped
+/// How long output is still read after the program's exit was reported (an escaped
 /// descendant may hold the pipes).
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+
+/// Readers of a run's stdout and stderr, each capped at `cap` bytes, that keep reading until
+/// the sender is told the program exited and [`DRAIN_AFTER_EXIT`] more (an escaped
+/// descendant may hold the pipes). Shared by the helper's runs and the fork server's.
+pub(crate) fn output_readers<O, E>(
+    stdout: O,
+    stderr: E,
+    cap: u64,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    impl std::future::Future<Output = gearbox_core::CappedOutput>,
+    impl std::future::Future<Output = gearbox_core::CappedOutput>,
+)
+where
+    O: tokio::io::AsyncRead + Unpin,
+    E: tokio::io::AsyncRead + Unpin,
+{
+    let (exited_tx, exited_rx) = tokio::sync::watch::channel(false);
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+        tokio::time::sleep(DRAIN_AFTER_EXIT).await;
+    };
+    let out = read_capped_until(stdout, cap, stop(exited_rx.clone()));
+    let err = read_capped_until(stderr, cap, stop(exited_rx));
+    (exited_tx, out, err)
+}
 
 /// A started helper: its pipes, before the program's data has been written.
 pub(crate) struct Spawned {
@@ -236,14 +262,8 @@ async fn finish(
         }
         .await;
     };
-    let (exited_tx, exited_rx) = tokio::sync::watch::channel(false);
-    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|v| *v).await;
-        tokio::time::sleep(DRAIN_AFTER_EXIT).await;
-    };
-    let cap = job.limits.output_bytes;
-    let out_reader = read_capped_until(stdout, cap, stop(exited_rx.clone()));
-    let err_reader = read_capped_until(stderr, cap, stop(exited_rx));
+    let (exited_tx, out_reader, err_reader) =
+        output_readers(stdout, stderr, job.limits.output_bytes);
     // The helper closes the report pipe once it has written the report (or when it dies):
     // from then on the output readers only drain what is left.
     let report_reader = async move {

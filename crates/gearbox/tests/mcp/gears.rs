@@ -145,8 +145,17 @@ fn write_config(dir: &TempDir, extra: &str) -> PathBuf {
 }
 
 async fn start_with<C: ClientHandler + Clone>(client: C, gear: &str) -> Server<C> {
+    start_configured_with(client, gear, "").await
+}
+
+/// A server under `gear` with `extra` appended to its configuration, talking to `client`.
+async fn start_configured_with<C: ClientHandler + Clone>(
+    client: C,
+    gear: &str,
+    extra: &str,
+) -> Server<C> {
     let dir = TempDir::new("srv");
-    let config = write_config(&dir, "");
+    let config = write_config(&dir, extra);
     let gear = gear.to_string();
     let cfg = config.clone();
     let transport = TokioChildProcess::new(
@@ -173,22 +182,7 @@ async fn start(gear: &str) -> Server<Plain> {
 
 /// A server with `extra` appended to its configuration.
 async fn start_configured(gear: &str, extra: &str) -> Server<Plain> {
-    let dir = TempDir::new("srv");
-    let config = write_config(&dir, extra);
-    let cfg = config.clone();
-    let gear = gear.to_string();
-    let transport = TokioChildProcess::new(
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(move |c| {
-            c.arg("--config").arg(&cfg).args(["serve", "--gear", &gear]);
-        }),
-    )
-    .expect("spawn gearbox serve");
-    let session = Plain.serve(transport).await.expect("initialize");
-    Server {
-        session,
-        config,
-        _dir: dir,
-    }
+    start_configured_with(Plain, gear, extra).await
 }
 
 async fn call<C: ClientHandler>(s: &Server<C>, tool: &str, args: Value) -> CallToolResult {
