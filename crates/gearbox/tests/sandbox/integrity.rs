@@ -207,6 +207,35 @@ async fn a_granted_run_holds_only_stdio_and_cannot_forge_its_end() {
     }
 }
 
+/// A granted run never takes a warm sandbox or a fork server's slot (those have no relay
+/// and no proxy socket): with one ready, it still starts cold and gets its proxy.
+#[tokio::test]
+async fn a_granted_run_is_never_served_warm() {
+    for language in ["python", "javascript"] {
+        for (path, engine) in paths(language).into_iter().skip(1) {
+            let until = std::time::Instant::now() + Duration::from_secs(60);
+            while engine.pool_stats().iter().all(|s| s.ready == 0) {
+                assert!(std::time::Instant::now() < until, "{path}: no warm sandbox");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let hits = || engine.pool_stats().iter().map(|s| s.hits).sum::<u64>();
+            let before = hits();
+            let code = if language == "python" {
+                "import os; print(os.environ['HTTPS_PROXY'])"
+            } else {
+                "console.log(process.env.HTTPS_PROXY)"
+            };
+            let mut r = run(language, code);
+            r.req.network = gearbox_core::Network::Any;
+            let o = exec(&engine, r.req).await;
+            assert_eq!(o.status, Status::Ok, "{path}: {o:?}");
+            assert_eq!(o.stdout, "http://127.0.0.1:3128\n", "{path}: {o:?}");
+            assert!(o.egress.is_some(), "{path}: {o:?}");
+            assert_eq!(hits(), before, "{path}: a granted run was served warm");
+        }
+    }
+}
+
 /// Fields a program prints that must differ between any two runs.
 fn entropy_probe(language: &str) -> &'static str {
     match language {
