@@ -62,6 +62,13 @@ struct KeyServer {
     failures: u32,
 }
 
+/// How long the pool waits before building again after `failed` builds failed in a row:
+/// 250 ms, doubling, at most 30 s.
+fn retry_delay(failed: u32) -> std::time::Duration {
+    let ms = 250u64.saturating_mul(1u64 << failed.saturating_sub(1).min(7));
+    std::time::Duration::from_millis(ms.min(30_000))
+}
+
 /// Most warm sandboxes one key may hold, whatever the demand.
 pub const MAX_PER_KEY: usize = 8;
 /// A pool grown by misses shrinks back by one per hit once no miss happened for this long.
@@ -110,6 +117,9 @@ struct KeyPool {
     misses: u64,
     last_refill_ms: f64,
     last_miss: Option<Instant>,
+    /// Builds that failed in a row (reset by one that succeeds), and the last one's error.
+    failed_in_row: u32,
+    last_error: Option<String>,
 }
 
 /// Counters per language, for `doctor` and metrics.
@@ -124,6 +134,10 @@ pub struct PoolStats {
     pub last_refill_ms: f64,
     /// Served by a fork server (false: each warm sandbox is built by its own helper).
     pub fork_server: bool,
+    /// Builds that failed in a row; the pool retries after a delay that doubles each time.
+    pub failed_in_row: u32,
+    /// Why the last build failed, while builds are failing.
+    pub last_error: Option<String>,
 }
 
 pub struct WarmPool {
@@ -189,6 +203,8 @@ impl WarmPool {
                 misses: 0,
                 last_refill_ms: 0.0,
                 last_miss: None,
+                failed_in_row: 0,
+                last_error: None,
             },
         );
         self.top_up(&k);
@@ -317,19 +333,36 @@ impl WarmPool {
                     }
                 };
                 pool.spawned.fetch_add(1, Ordering::Relaxed);
-                let mut keys = pool.keys();
-                if let Some(key_pool) = keys.get_mut(&k) {
+                let retry = {
+                    let mut keys = pool.keys();
+                    let Some(key_pool) = keys.get_mut(&k) else {
+                        return;
+                    };
                     key_pool.filling = key_pool.filling.saturating_sub(1);
                     key_pool.last_refill_ms = t.elapsed().as_secs_f64() * 1000.0;
                     match built {
                         // Stopped: what was being built is not wanted, nor its failure news.
-                        _ if pool.stopped.load(Ordering::Relaxed) => {}
+                        _ if pool.stopped.load(Ordering::Relaxed) => None,
                         Ok(sp) => {
                             key_pool.ready.push_back(sp);
+                            key_pool.failed_in_row = 0;
+                            key_pool.last_error = None;
                             pool.filled.notify_waiters();
+                            None
                         }
-                        Err(e) => tracing::warn!(error = %e, "warm sandbox failed to start"),
+                        Err(e) => {
+                            key_pool.failed_in_row = key_pool.failed_in_row.saturating_add(1);
+                            key_pool.last_error = Some(e.to_string());
+                            tracing::warn!(error = %e, failed_in_row = key_pool.failed_in_row, "warm sandbox failed to start");
+                            Some(retry_delay(key_pool.failed_in_row))
+                        }
                     }
+                };
+                // A failed build is retried on its own, later and later while it keeps
+                // failing, instead of leaving the pool empty until the next run misses it.
+                if let Some(delay) = retry {
+                    tokio::time::sleep(delay).await;
+                    pool.top_up(&k);
                 }
             });
         }
@@ -456,6 +489,8 @@ impl WarmPool {
                 misses: s.misses,
                 last_refill_ms: s.last_refill_ms,
                 fork_server: s.fork_server.is_some(),
+                failed_in_row: s.failed_in_row,
+                last_error: s.last_error.clone(),
             })
             .collect();
         v.sort_by(|a, b| a.language.cmp(&b.language));

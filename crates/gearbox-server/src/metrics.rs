@@ -216,7 +216,7 @@ fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
         return String::new();
     }
     let mut out = String::new();
-    let series: [PoolSeries; 5] = [
+    let series: [PoolSeries; 6] = [
         (
             "gearbox_pool_ready",
             "gauge",
@@ -246,6 +246,12 @@ fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
             "gauge",
             "Time to build the last replacement sandbox.",
             |s| s.last_refill_ms / 1000.0,
+        ),
+        (
+            "gearbox_pool_build_failures_in_row",
+            "gauge",
+            "Warm builds that failed in a row (0 once one succeeds; the pool retries).",
+            |s| f64::from(s.failed_in_row),
         ),
     ];
     for (name, kind, help, value) in series {
@@ -307,6 +313,8 @@ mod tests {
             misses: 1,
             last_refill_ms: 12.5,
             fork_server: true,
+            failed_in_row: 0,
+            last_error: None,
         }];
         let text = m.encode(&Limiter::new(2, 3), &pool);
         for needle in [
@@ -314,6 +322,7 @@ mod tests {
             "gearbox_pool_hits_total{language=\"python\"} 5",
             "gearbox_pool_misses_total{language=\"python\"} 1",
             "gearbox_pool_refill_seconds{language=\"python\"} 0.0125",
+            "gearbox_pool_build_failures_in_row{language=\"python\"} 0",
         ] {
             assert!(text.contains(needle), "{needle} missing from {text}");
         }

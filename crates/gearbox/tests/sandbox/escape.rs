@@ -374,8 +374,7 @@ async fn dropping_a_run_kills_its_sandbox() {
     let marker = "sleep 41.2718";
     let r = run("bash", &format!("( {marker} & ); {marker}")).timeout_ms(20_000);
     let task = crate::support::runtime().spawn(crate::support::engine().execute(r.req, r.backend));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!task.is_finished());
+    crate::support::until_running(marker, &task).await;
     task.abort();
     let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");

@@ -633,9 +633,7 @@ async fn forked_python_cancelled_call_takes_its_sandbox_with_it() {
     .req;
     let e = Arc::clone(&engine);
     let task = crate::support::runtime().spawn(async move { e.execute(req, None).await });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!task.is_finished());
-    assert!(!crate::support::host_processes_with(marker).is_empty());
+    crate::support::until_running(marker, &task).await;
     task.abort();
     let survivors = crate::support::survivors_after(marker, Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");
@@ -1195,4 +1193,41 @@ async fn node_forked_program_cannot_serve_with_the_fork_servers_module() {
         "{o:?}"
     );
     assert_still_serving(&engine).await;
+}
+
+/// A warm build that fails is retried on its own, with no run asking for it: a pool whose
+/// first build failed (a loaded machine, a fork server that died) does not stay empty.
+#[tokio::test]
+async fn a_failed_warm_build_is_retried_without_a_run() {
+    if !root_and_cgroups("fork server tests") {
+        return;
+    }
+    let mut broken = gearbox_core::LanguageTable::builtin()
+        .get("python")
+        .expect("python is built in")
+        .clone();
+    broken.launcher_command = vec!["/bin/false".into(), "{launcher}".into()];
+    let engine = {
+        let _g = crate::support::runtime().enter();
+        let config = Config {
+            pool: PoolConfig::only([("brokenpy".to_string(), 1)]),
+            languages: [("brokenpy".to_string(), broken)].into(),
+            ..Config::default()
+        };
+        Arc::new(Engine::new(config, crate::support::gearbox_bin()))
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = python_stats(&engine);
+        assert_eq!((s.hits, s.misses, s.ready), (0, 0, 0), "{s:?}");
+        if s.failed_in_row >= 2 {
+            assert!(s.last_error.is_some(), "{s:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "a failed build was not retried: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -51,6 +51,21 @@ async fn exec(engine: &Arc<Engine>, req: ExecRequest) -> Outcome {
         .expect("run task")
 }
 
+/// Wait until `engine`'s pool holds a warm sandbox. The bound is generous (a loaded CI
+/// machine builds slowly, and a failed build is retried after a delay); the pool's own
+/// account, last error included, is in the message when it runs out.
+async fn wait_warm(path: &str, engine: &Arc<Engine>) {
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    while engine.pool_stats().iter().all(|s| s.ready == 0) {
+        assert!(
+            std::time::Instant::now() < until,
+            "{path}: no warm sandbox after 120 s: {:?}",
+            engine.pool_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Run `r` on `engine`; on a pooled engine, only once a warm sandbox is ready and checked to
 /// have served it (a run that fell back to a cold start would test the wrong path).
 async fn on(path: &str, engine: &Arc<Engine>, r: Run) -> Outcome {
@@ -58,15 +73,7 @@ async fn on(path: &str, engine: &Arc<Engine>, r: Run) -> Outcome {
         return exec(engine, r.req).await;
     }
     let hits = || engine.pool_stats().iter().map(|s| s.hits).sum::<u64>();
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    while engine.pool_stats().iter().all(|s| s.ready == 0) {
-        assert!(
-            std::time::Instant::now() < until,
-            "{path}: no warm sandbox after 60 s: {:?}",
-            engine.pool_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_warm(path, engine).await;
     if path.ends_with("-fork") {
         assert!(
             engine.pool_stats().iter().all(|s| s.fork_server),
@@ -213,11 +220,7 @@ async fn a_granted_run_holds_only_stdio_and_cannot_forge_its_end() {
 async fn a_granted_run_is_never_served_warm() {
     for language in ["python", "javascript"] {
         for (path, engine) in paths(language).into_iter().skip(1) {
-            let until = std::time::Instant::now() + Duration::from_secs(60);
-            while engine.pool_stats().iter().all(|s| s.ready == 0) {
-                assert!(std::time::Instant::now() < until, "{path}: no warm sandbox");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait_warm(&path, &engine).await;
             let hits = || engine.pool_stats().iter().map(|s| s.hits).sum::<u64>();
             let before = hits();
             let code = if language == "python" {

@@ -135,6 +135,20 @@ pub fn host_processes_with(needle: &str) -> Vec<String> {
     found
 }
 
+/// Wait until a host process matching `needle` runs (a run's program has started), however
+/// long a loaded machine takes, failing if `task` (the run) ends first or after 30 s.
+pub async fn until_running<T>(needle: &str, task: &tokio::task::JoinHandle<T>) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while host_processes_with(needle).is_empty() {
+        assert!(
+            !task.is_finished(),
+            "the run ended before {needle} was seen"
+        );
+        assert!(std::time::Instant::now() < until, "no {needle} after 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Host processes matching `needle` still alive after `grace` (teardown of a killed pid
 /// namespace takes a moment).
 pub async fn survivors_after(needle: &str, grace: std::time::Duration) -> Vec<String> {
