@@ -36,6 +36,9 @@ pub struct NetworkConfig {
     pub connect_timeout_ms: u64,
     /// Connections one run may hold open through the proxy at once. Default 64.
     pub max_connections: usize,
+    /// PEM files of certificate authorities trusted besides the system's when the proxy
+    /// re-encrypts a connection that carries a secret (`[[secrets]]`): a private API's CA.
+    pub extra_roots: Vec<PathBuf>,
 }
 
 impl Default for NetworkConfig {
@@ -48,6 +51,7 @@ impl Default for NetworkConfig {
             full_trust: None,
             connect_timeout_ms: 10_000,
             max_connections: 64,
+            extra_roots: Vec::new(),
         }
     }
 }

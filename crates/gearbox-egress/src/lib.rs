@@ -11,7 +11,10 @@
 
 pub mod addr;
 mod config;
+mod intercept;
 mod proxy;
+mod secrets;
 
 pub use config::NetworkConfig;
 pub use proxy::{Egress, RunEgress};
+pub use secrets::{SecretConfig, check as check_secrets};

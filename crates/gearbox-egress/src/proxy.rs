@@ -34,9 +34,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::NetworkConfig;
+use crate::intercept::RunCa;
+use crate::secrets::{RunSecrets, Secret, SecretConfig};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Body = BoxBody<Bytes, BoxError>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Body = BoxBody<Bytes, BoxError>;
 
 /// Hosts listed one by one in a ledger; the rest are summed under `(other hosts)`.
 const MAX_LEDGER_HOSTS: usize = 64;
@@ -45,10 +47,14 @@ const MAX_LEDGER_REFUSALS: usize = 64;
 /// Most bytes of a TLS ClientHello read before deciding on its server name.
 const MAX_CLIENT_HELLO: usize = 16 * 1024;
 
-struct Settings {
-    config: NetworkConfig,
+pub(crate) struct Settings {
+    pub(crate) config: NetworkConfig,
     allow_private: Vec<IpNet>,
     root: PathBuf,
+    /// `[[secrets]]`, read when the server starts.
+    secrets: Vec<Secret>,
+    /// The client side of connections re-encrypted for a secret (none without secrets).
+    pub(crate) upstream_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// The proxy of one server: opens a listener per granted run.
@@ -66,17 +72,36 @@ impl std::fmt::Debug for Egress {
 }
 
 impl Egress {
-    pub fn new(config: NetworkConfig) -> Result<Egress, String> {
+    /// The proxy of `config`, presenting `secrets` (each value read now: a missing one is
+    /// an error here, not a run that fails later).
+    pub fn new(config: NetworkConfig, secrets: &[SecretConfig]) -> Result<Egress, String> {
         config.validate()?;
         let allow_private = crate::addr::parse_allow_private(&config.allow_private)?;
         let root = config.runtime_dir();
+        let secrets = crate::secrets::load_all(secrets)?;
+        let upstream_tls = if secrets.is_empty() {
+            None
+        } else {
+            Some(crate::intercept::upstream_config(&config.extra_roots)?)
+        };
         Ok(Egress {
             settings: Arc::new(Settings {
                 config,
                 allow_private,
                 root,
+                secrets,
+                upstream_tls,
             }),
         })
+    }
+
+    /// The names of the configured secrets (never their values).
+    pub fn secret_names(&self) -> Vec<String> {
+        self.settings
+            .secrets
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
     }
 
     pub fn config(&self) -> &NetworkConfig {
@@ -102,12 +127,22 @@ impl Egress {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let secrets = RunSecrets::new(&self.settings.secrets);
+        let ca = if secrets.is_empty() {
+            None
+        } else {
+            Some(RunCa::new(&secrets.patterns())?)
+        };
+        let mut env = proxy_env();
+        env.extend(secrets.env());
         let state = Arc::new(RunState {
             ledger: Mutex::new(Book::new(&grant)),
             grant,
             settings: self.settings.clone(),
             permits: Arc::new(Semaphore::new(self.settings.config.max_connections)),
             stop: tokio_util::sync::CancellationToken::new(),
+            secrets: (!secrets.is_empty()).then_some(secrets),
+            ca,
         });
         // From here on, a failure removes the directory (Drop).
         let mut run = RunEgress {
@@ -115,10 +150,21 @@ impl Egress {
             dir,
             state,
             server: None,
+            env,
         };
         access
             .restrict(&run.dir, 0o700)
             .map_err(|e| format!("restricting {}: {e}", run.dir.display()))?;
+        if let Some(ca) = &run.state.ca {
+            let trust = crate::intercept::write_trust(&run.dir, ca)?;
+            for file in ["ca.pem", "trust.pem"] {
+                let path = run.dir.join(file);
+                access
+                    .restrict(&path, 0o644)
+                    .map_err(|e| format!("restricting {}: {e}", path.display()))?;
+            }
+            run.env.extend(trust);
+        }
         let listener = UnixListener::bind(&run.socket)
             .map_err(|e| format!("binding {}: {e}", run.socket.display()))?;
         access
@@ -136,6 +182,8 @@ pub struct RunEgress {
     socket: PathBuf,
     state: Arc<RunState>,
     server: Option<tokio::task::JoinHandle<()>>,
+    /// The program's variables: proxy, trust store, secrets' placeholders.
+    env: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for RunEgress {
@@ -158,24 +206,11 @@ impl RunEgress {
         &self.socket
     }
 
-    /// The program's proxy settings: `HTTP_PROXY`, `HTTPS_PROXY` (both cases) at the relay,
-    /// and `NO_PROXY` for the run's own loopback.
-    pub fn env() -> Vec<(String, String)> {
-        let url = format!("http://127.0.0.1:{EGRESS_PROXY_PORT}");
-        let mut env: Vec<(String, String)> = [
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "http_proxy",
-            "https_proxy",
-            "GEARBOX_EGRESS_PROXY",
-        ]
-        .iter()
-        .map(|k| (k.to_string(), url.clone()))
-        .collect();
-        for k in ["NO_PROXY", "no_proxy"] {
-            env.push((k.into(), "localhost,127.0.0.1,::1".into()));
-        }
-        env
+    /// The program's variables: `HTTP_PROXY`, `HTTPS_PROXY` (both cases) at the relay,
+    /// `NO_PROXY` for the run's own loopback; with secrets, each secret's placeholder and
+    /// the trust store that holds the run's CA (`SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`, ...).
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
     }
 
     /// The ledger so far.
@@ -204,22 +239,44 @@ impl Drop for RunEgress {
     }
 }
 
-struct RunState {
+/// The proxy settings of every run: the relay's address for each usual variable.
+fn proxy_env() -> Vec<(String, String)> {
+    let url = format!("http://127.0.0.1:{EGRESS_PROXY_PORT}");
+    let mut env: Vec<(String, String)> = [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "GEARBOX_EGRESS_PROXY",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), url.clone()))
+    .collect();
+    for k in ["NO_PROXY", "no_proxy"] {
+        env.push((k.into(), "localhost,127.0.0.1,::1".into()));
+    }
+    env
+}
+
+pub(crate) struct RunState {
     grant: Network,
-    settings: Arc<Settings>,
+    pub(crate) settings: Arc<Settings>,
     ledger: Mutex<Book>,
     /// Connections open at once (`max_connections`): each accepted connection holds one,
     /// and a tunnel takes over its connection's.
     permits: Arc<Semaphore>,
-    stop: tokio_util::sync::CancellationToken,
+    pub(crate) stop: tokio_util::sync::CancellationToken,
+    /// The run's secrets with their placeholders, and the CA that signs for their hosts.
+    pub(crate) secrets: Option<RunSecrets>,
+    pub(crate) ca: Option<RunCa>,
 }
 
 impl RunState {
-    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+    pub(crate) fn book(&self) -> std::sync::MutexGuard<'_, Book> {
         self.ledger.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn refuse(&self, host: &str, port: u16, reason: &str) {
+    pub(crate) fn refuse(&self, host: &str, port: u16, reason: &str) {
         tracing::info!(host, port, reason, "egress refused");
         self.book()
             .refused(format!("{host}:{port}"), reason.to_string());
@@ -349,7 +406,7 @@ async fn connection(stream: UnixStream, state: Arc<RunState>, permit: OwnedSemap
         .await;
 }
 
-fn text(status: StatusCode, body: String) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, body: String) -> Response<Body> {
     let mut r = Response::new(
         Full::new(Bytes::from(body))
             .map_err(|never| match never {})
@@ -402,13 +459,19 @@ async fn handle(
         };
         let held = permit.lock().unwrap_or_else(|p| p.into_inner()).take();
         let stop = state.stop.clone();
+        let secret_bound = state.secrets.as_ref().is_some_and(|s| s.binds(&host, port));
         tokio::spawn(async move {
             let _held = held;
             tokio::select! {
                 _ = stop.cancelled() => {}
                 upgraded = hyper::upgrade::on(req) => {
                     if let Ok(up) = upgraded {
-                        tunnel(&state, &host, port, TokioIo::new(up), upstream).await;
+                        let io = TokioIo::new(up);
+                        if secret_bound {
+                            crate::intercept::intercept(state, host, port, io, upstream).await;
+                        } else {
+                            tunnel(&state, &host, port, io, upstream).await;
+                        }
                     }
                 }
             }
@@ -596,9 +659,9 @@ fn server_name(bytes: &[u8]) -> Hello {
 }
 
 /// A stream that counts the bytes written to it (up) and read from it (down).
-struct Counted<S> {
-    inner: S,
-    bytes: Arc<HostBytes>,
+pub(crate) struct Counted<S> {
+    pub(crate) inner: S,
+    pub(crate) bytes: Arc<HostBytes>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
@@ -637,13 +700,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 
 /// Bytes of one host, counted as they pass (a run's end reads them, whatever is in flight).
 #[derive(Default)]
-struct HostBytes {
+pub(crate) struct HostBytes {
     up: AtomicU64,
     down: AtomicU64,
 }
 
 /// The ledger as it fills.
-struct Book {
+pub(crate) struct Book {
     granted: Vec<String>,
     hosts: Vec<(String, u64, Arc<HostBytes>)>,
     index: HashMap<String, usize>,
@@ -663,7 +726,19 @@ impl Book {
     }
 
     /// Count one request (or tunnel) to `key`; returns the host's byte counters.
-    fn request(&mut self, key: &str) -> Arc<HostBytes> {
+    pub(crate) fn request(&mut self, key: &str) -> Arc<HostBytes> {
+        let (i, bytes) = self.entry(key);
+        self.hosts[i].1 += 1;
+        bytes
+    }
+
+    /// The byte counters of `key`, counting no request (a connection whose requests are
+    /// counted one by one as they pass).
+    pub(crate) fn counters(&mut self, key: &str) -> Arc<HostBytes> {
+        self.entry(key).1
+    }
+
+    fn entry(&mut self, key: &str) -> (usize, Arc<HostBytes>) {
         let key = if self.index.contains_key(key) || self.index.len() < MAX_LEDGER_HOSTS {
             key
         } else {
@@ -678,8 +753,7 @@ impl Book {
                 self.hosts.len() - 1
             }
         };
-        self.hosts[i].1 += 1;
-        self.hosts[i].2.clone()
+        (i, self.hosts[i].2.clone())
     }
 
     fn refused(&mut self, host: String, reason: String) {

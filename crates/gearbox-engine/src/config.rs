@@ -82,6 +82,12 @@ pub struct Config {
     /// `[network]`: how granted runs reach out (the egress proxy), which private ranges
     /// they may reach, pinned names, and the most each gear may grant. See docs/NETWORK.md.
     pub network: gearbox_egress::NetworkConfig,
+    /// `[[secrets]]`: credentials granted runs use without holding them. The program sees a
+    /// placeholder in the variable `name`; the egress proxy presents the value (from the
+    /// server's environment, `value_env`, or a file, `value_file`) only on TLS connections
+    /// to the secret's `hosts`, terminating them with a CA of the run's own. See
+    /// docs/NETWORK.md.
+    pub secrets: Vec<gearbox_egress::SecretConfig>,
 }
 
 /// `[sandbox]`: what a host must enforce before a run starts on it.
@@ -399,6 +405,7 @@ impl Default for Config {
             sessions: SessionsConfig::default(),
             sandbox: SandboxConfig::default(),
             network: gearbox_egress::NetworkConfig::default(),
+            secrets: Vec::new(),
         }
     }
 }
@@ -490,6 +497,7 @@ impl Config {
             .docker
             .validate()
             .and_then(|()| config.network.validate())
+            .and_then(|()| gearbox_egress::check_secrets(&config.secrets))
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,

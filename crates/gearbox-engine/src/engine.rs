@@ -77,7 +77,7 @@ impl Engine {
             BackendKind::Docker,
             Arc::new(gearbox_docker::DockerSandbox::new(config.docker.clone())),
         );
-        let egress = gearbox_egress::Egress::new(config.network.clone())
+        let egress = gearbox_egress::Egress::new(config.network.clone(), &config.secrets)
             .map_err(|e| format!("no egress proxy: {e}"));
         let engine = Engine {
             egress,
@@ -278,8 +278,8 @@ impl Engine {
         job.egress = Some(run.socket().to_path_buf());
         // The caller's own settings (a `NO_PROXY` of its choosing) stay: whatever they say,
         // the proxy is the only way out.
-        for (k, v) in gearbox_egress::RunEgress::env() {
-            job.env.entry(k).or_insert(v);
+        for (k, v) in run.env() {
+            job.env.entry(k.clone()).or_insert_with(|| v.clone());
         }
         Ok(Some(run))
     }

@@ -15,6 +15,7 @@ pub mod policy;
 
 pub use config::{Config, ConfigError, PoolConfig, SandboxConfig};
 pub use engine::{Engine, LanguageInfo};
+pub use gearbox_egress;
 pub use gearbox_packages;
 pub use gearbox_sandbox::PoolStats;
 pub use packages::Packages;

@@ -57,6 +57,8 @@ fn hosts(list: &[&str]) -> Network {
 
 struct Internet {
     ca: String,
+    /// Where the servers run: `ca.pem`, and `requests.log` (what `/log/ID` requests carried).
+    dir: PathBuf,
     /// The servers; they exit when this test process does.
     _server: std::process::Child,
 }
@@ -147,8 +149,19 @@ fn start_internet() -> Internet {
     ));
     let script = r#"
 import http.server, os, socketserver, ssl, sys, threading, time
+import json
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        auth = self.headers.get('Authorization', '')
+        if self.path.startswith('/log/'):
+            with open('requests.log', 'a') as f:
+                f.write(json.dumps({'id': self.path[5:], 'host': self.headers.get('Host', ''), 'auth': auth}) + '\n')
+        if self.path.startswith('/echo'):
+            body = ('auth=' + auth + '\n').encode()
+            self.send_response(200); self.send_header('Content-Length', str(len(body)))
+            self.send_header('X-Echo', auth); self.end_headers()
+            self.wfile.write(body)
+            return
         body = ('hello from ' + self.headers.get('Host', '?') + '\n').encode()
         self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()
         self.wfile.write(body)
@@ -179,6 +192,7 @@ while os.getppid() == parent: time.sleep(0.3)
     }
     Internet {
         ca: std::fs::read_to_string(dir.join("ca.pem")).expect("ca"),
+        dir: dir.clone(),
         _server: server,
     }
 }
@@ -489,4 +503,236 @@ async fn backends_that_cannot_confine_a_run_refuse_network() {
             "{backend}: {o:?}"
         );
     }
+}
+
+// Secrets: presented by the proxy on TLS connections to their hosts, never in the sandbox.
+
+/// The value of the test secret: made here, read by the engine from a file in the stand-in
+/// internet's directory, never given to a program.
+fn secret_value() -> &'static str {
+    static VALUE: OnceLock<String> = OnceLock::new();
+    VALUE.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        format!("real-secret-{}-{nanos:x}", std::process::id())
+    })
+}
+
+/// An engine with one secret, `INET_TOKEN`, for `inet.test` and `wrongname.test` (a name
+/// the stand-in server's certificate does not carry), presented as `Authorization: Bearer`.
+/// The proxy trusts the stand-in internet's CA upstream (`extra_roots`).
+fn secret_engine(net: &Internet) -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let file = net.dir.join("secret");
+        std::fs::write(&file, format!("{}\n", secret_value())).expect("secret file");
+        let mut config = Config::default();
+        config.pool.languages.clear();
+        config.network.hosts = [
+            ("inet.test", INET),
+            ("other.test", INET),
+            ("wrongname.test", INET),
+        ]
+        .into_iter()
+        .map(|(h, a)| (h.to_string(), a.parse().expect("address")))
+        .collect();
+        config.network.extra_roots = vec![net.dir.join("ca.pem")];
+        config.secrets = vec![gearbox_engine::gearbox_egress::SecretConfig {
+            name: "INET_TOKEN".into(),
+            value_env: None,
+            value_file: Some(file),
+            hosts: vec!["inet.test".into(), "wrongname.test".into()],
+            header: Some("Authorization".into()),
+            format: Some("Bearer {value}".into()),
+        }];
+        let _guard = crate::support::runtime().enter();
+        Engine::new(config, crate::support::gearbox_bin())
+    })
+}
+
+async fn go_secret(net: &Internet, r: Run, network: Network) -> Outcome {
+    let mut req = r.req;
+    req.network = network;
+    let engine = secret_engine(net);
+    crate::support::runtime()
+        .spawn(engine.execute(req, None))
+        .await
+        .expect("run task")
+}
+
+/// The `Authorization` header the stand-in server received with `/log/{id}`.
+fn received(net: &Internet, id: &str) -> Option<String> {
+    let log = std::fs::read_to_string(net.dir.join("requests.log")).unwrap_or_default();
+    log.lines().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        (v["id"] == id).then(|| v["auth"].as_str().unwrap_or_default().to_string())
+    })
+}
+
+#[tokio::test]
+async fn a_secret_is_presented_only_to_its_host_and_never_enters_the_sandbox() {
+    let Some(net) = internet() else { return };
+    let pid = std::process::id();
+    let code = format!(
+        r#"
+import glob, json, os, ssl, urllib.request
+tok = os.environ['INET_TOKEN']
+print('placeholder', tok.startswith('gbx-placeholder-'))
+mine = ssl.create_default_context()
+test_ca = ssl.create_default_context(cafile='ca.pem')
+def get(url, ctx, auth=None):
+    req = urllib.request.Request(url)
+    if auth:
+        req.add_header('Authorization', auth)
+    r = urllib.request.urlopen(req, context=ctx, timeout=20)
+    return r.headers.get('X-Echo'), r.read().decode().strip()
+print('echo', get('https://inet.test/echo', mine, 'token ' + tok))
+print('given', get('https://inet.test/log/{pid}-given', mine, 'token ' + tok))
+print('added', get('https://inet.test/log/{pid}-added', mine))
+print('other', get('https://other.test/log/{pid}-other', test_ca, 'token ' + tok))
+print('plain', get('http://inet.test/log/{pid}-plain', None, 'token ' + tok))
+seen = []
+for p in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):
+    try:
+        seen.append(open(p, 'rb').read().decode('latin-1'))
+    except OSError as e:
+        seen.append('unreadable ' + p)
+for var in ('SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS'):
+    seen.append(open(os.environ[var]).read()[-4000:])
+    print(var, os.path.basename(os.environ[var]))
+print('DUMP', json.dumps(seen))
+"#
+    );
+    let o = go_secret(
+        net,
+        run("python", &code).file("ca.pem", &net.ca),
+        hosts(&["inet.test", "other.test"]),
+    )
+    .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    let value = secret_value();
+    // Nowhere in what the program could see or what the run reports.
+    let whole = serde_json::to_string(&o).expect("outcome");
+    assert!(!whole.contains(value), "the value leaked: {o:?}");
+    assert!(o.stdout.contains("placeholder True"), "{o:?}");
+    assert!(
+        o.stdout
+            .contains("SSL_CERT_FILE trust.pem\nNODE_EXTRA_CA_CERTS ca.pem"),
+        "{o:?}"
+    );
+    assert!(o.stdout.contains("DUMP [\""), "{o:?}");
+    // An upstream that echoes it back: the program still sees only its placeholder.
+    assert!(
+        o.stdout.contains("echo ('token gbx-placeholder-")
+            && o.stdout.contains("auth=token gbx-placeholder-"),
+        "{o:?}"
+    );
+    // Presented to its host: in place of the placeholder, and added when missing.
+    assert_eq!(
+        received(net, &format!("{pid}-given")).as_deref(),
+        Some(format!("token {value}").as_str())
+    );
+    assert_eq!(
+        received(net, &format!("{pid}-added")).as_deref(),
+        Some(format!("Bearer {value}").as_str())
+    );
+    // Never to another host, nor over plain HTTP even to its own host.
+    for id in ["other", "plain"] {
+        let got = received(net, &format!("{pid}-{id}")).expect(id);
+        assert!(got.starts_with("token gbx-placeholder-"), "{id}: {got}");
+    }
+    let ledger = o.egress.expect("a ledger");
+    let inet = ledger
+        .hosts
+        .iter()
+        .find(|h| h.host == "inet.test:443")
+        .expect("inet.test:443");
+    assert_eq!(inet.requests, 3, "one per HTTP request: {ledger:?}");
+    assert!(inet.bytes_up > 0 && inet.bytes_down > 0, "{ledger:?}");
+    assert_eq!(ledger.refused_total, 0, "{ledger:?}");
+}
+
+#[tokio::test]
+async fn a_secret_bound_connection_is_verified_upstream_and_named_exactly() {
+    let Some(net) = internet() else { return };
+    let code = r#"
+import socket, ssl, urllib.request
+try:
+    urllib.request.urlopen('https://wrongname.test/', timeout=20); print('wrongname REACHED')
+except Exception as e:
+    print('wrongname failed', type(e).__name__)
+s = socket.create_connection(('127.0.0.1', 3128))
+s.sendall(b'CONNECT inet.test:443 HTTP/1.1\r\nHost: inet.test:443\r\n\r\n')
+print(s.recv(200).split(b'\r\n')[0].decode())
+try:
+    t = ssl.create_default_context().wrap_socket(s, server_hostname='other.test')
+    t.sendall(b'GET / HTTP/1.0\r\nHost: other.test\r\n\r\n'); print('GOT', t.recv(200))
+except Exception as e:
+    print('mismatch ended', type(e).__name__)
+"#;
+    let o = go_secret(
+        net,
+        run("python", code),
+        hosts(&["inet.test", "other.test", "wrongname.test"]),
+    )
+    .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert!(o.stdout.contains("wrongname failed"), "{o:?}");
+    assert!(o.stdout.contains("mismatch ended"), "{o:?}");
+    let ledger = o.egress.clone().expect("a ledger");
+    let reasons: Vec<&str> = ledger.refused.iter().map(|r| r.reason.as_str()).collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("TLS with wrongname.test failed")),
+        "{ledger:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("TLS server name other.test differs from the CONNECT host")),
+        "{ledger:?}"
+    );
+    assert!(
+        !serde_json::to_string(&o)
+            .expect("outcome")
+            .contains(secret_value())
+    );
+}
+
+/// Without a grant, a run gets neither the placeholders nor the trust store: secrets ride
+/// only on the network grant.
+#[tokio::test]
+async fn an_ungranted_run_gets_no_placeholder() {
+    let Some(net) = internet() else { return };
+    let code = "import os\nprint(sorted(k for k in os.environ if k in ('INET_TOKEN', 'SSL_CERT_FILE', 'HTTPS_PROXY')))";
+    let o = go_secret(net, run("python", code), Network::Off).await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "[]\n", "{o:?}");
+}
+
+/// curl finds the run's trust store and proxy on its own: the secret reaches its host.
+#[tokio::test]
+async fn curl_presents_a_secret_through_the_run_trust_store() {
+    let Some(net) = internet() else { return };
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: no curl on this host");
+        return;
+    }
+    let id = format!("{}-curl", std::process::id());
+    let code =
+        format!("curl -sS -H \"Authorization: token $INET_TOKEN\" https://inet.test/log/{id}");
+    let o = go_secret(net, run("bash", &code), hosts(&["inet.test"])).await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "hello from inet.test\n", "{o:?}");
+    assert_eq!(
+        received(net, &id).as_deref(),
+        Some(format!("token {}", secret_value()).as_str())
+    );
 }
