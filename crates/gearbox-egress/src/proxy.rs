@@ -378,7 +378,12 @@ async fn serve(listener: UnixListener, state: Arc<RunState>, access: RunAccess) 
                         }
                     }
                     let Ok(permit) = state.permits.clone().try_acquire_owned() else {
-                        state.refuse("(any)", 0, "too many connections open at once");
+                        let max = state.settings.config.max_connections;
+                        tracing::info!(max, "egress refused: too many connections");
+                        state.book().refused(
+                            "(new connection)".into(),
+                            format!("too many connections open at once ([network] max_connections = {max})"),
+                        );
                         continue;
                     };
                     conns.spawn(connection(stream, state.clone(), permit));
@@ -778,6 +783,178 @@ impl Book {
                 .collect(),
             refused: self.refused.clone(),
             refused_total: self.refused_total,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn egress(max_connections: usize) -> (Egress, PathBuf) {
+        let root = std::env::temp_dir().join(format!(
+            "gbx-egress-test-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        let config = NetworkConfig {
+            runtime_dir: Some(root.clone()),
+            max_connections,
+            ..NetworkConfig::default()
+        };
+        (Egress::new(config, &[]).expect("egress"), root)
+    }
+
+    /// Send `request` on a new connection to the run's socket; the response's head.
+    async fn ask(run: &RunEgress, request: &str) -> String {
+        let mut s = UnixStream::connect(run.socket()).await.expect("connect");
+        s.write_all(request.as_bytes()).await.expect("write");
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf).await.expect("read");
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    }
+
+    #[tokio::test]
+    async fn refusals_name_the_host_and_the_rule_and_land_in_the_ledger() {
+        let (egress, root) = egress(8);
+        let run = egress
+            .open(Network::hosts(&["allowed.example"]).expect("grant"))
+            .expect("open");
+        let r = ask(
+            &run,
+            "CONNECT other.example:443 HTTP/1.1\r\nHost: other.example:443\r\n\r\n",
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+        assert!(
+            r.contains("other.example:443 is not in this run's network grant (allowed.example"),
+            "{r}"
+        );
+        let r = ask(
+            &run,
+            "GET http://127.0.0.1/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+        let r = ask(&run, "GET /relative HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+        let r = ask(&run, "CONNECT nohost HTTP/1.1\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+        let ledger = run.finish();
+        assert_eq!(ledger.refused_total, 2, "{ledger:?}");
+        assert_eq!(ledger.refused[0].host, "other.example:443");
+        assert!(ledger.hosts.is_empty());
+        assert!(
+            std::fs::read_dir(&root).expect("root").next().is_none(),
+            "run dir removed"
+        );
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_limit_are_closed_and_counted() {
+        let (egress, root) = egress(2);
+        let run = egress.open(Network::Any).expect("open");
+        // Two idle connections hold both permits.
+        let held: Vec<UnixStream> = futures_connect(&run, 2).await;
+        let mut third = UnixStream::connect(run.socket()).await.expect("connect");
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(10), third.read(&mut buf))
+            .await
+            .expect("closed in time")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "the third connection is closed unanswered");
+        let ledger = run.ledger();
+        assert_eq!(ledger.refused_total, 1, "{ledger:?}");
+        assert_eq!(ledger.refused[0].host, "(new connection)");
+        assert!(
+            ledger.refused[0].reason.contains("max_connections = 2"),
+            "{ledger:?}"
+        );
+        drop(held);
+        drop(run);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    async fn futures_connect(run: &RunEgress, n: usize) -> Vec<UnixStream> {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            v.push(UnixStream::connect(run.socket()).await.expect("connect"));
+        }
+        // The proxy accepts in order: these take the permits before any later connection.
+        v
+    }
+
+    #[test]
+    fn the_ledger_is_bounded() {
+        let mut book = Book::new(&Network::Any);
+        for i in 0..(MAX_LEDGER_HOSTS + 10) {
+            book.request(&format!("h{i}.example:443"));
+        }
+        book.request("h0.example:443");
+        for i in 0..(MAX_LEDGER_REFUSALS + 5) {
+            book.refused(format!("r{i}:80"), "no".into());
+        }
+        let l = book.snapshot();
+        assert_eq!(l.hosts.len(), MAX_LEDGER_HOSTS + 1);
+        let other = l
+            .hosts
+            .iter()
+            .find(|h| h.host == "(other hosts)")
+            .expect("summed");
+        assert_eq!(other.requests, 10);
+        assert_eq!(
+            l.hosts
+                .iter()
+                .find(|h| h.host == "h0.example:443")
+                .map(|h| h.requests),
+            Some(2)
+        );
+        assert_eq!(l.refused.len(), MAX_LEDGER_REFUSALS);
+        assert_eq!(l.refused_total, (MAX_LEDGER_REFUSALS + 5) as u64);
+    }
+
+    /// A real ClientHello for `name`, as rustls's client sends it.
+    fn client_hello(name: &str) -> Vec<u8> {
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new({
+            #[allow(deprecated)]
+            let p = rustls::crypto::ring::default_provider();
+            p
+        }))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let server = rustls::pki_types::ServerName::try_from(name.to_string()).expect("name");
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), server).expect("client");
+        let mut out = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut out).expect("write");
+        }
+        out
+    }
+
+    #[test]
+    fn the_server_name_is_read_whole_or_not_at_all() {
+        let hello = client_hello("api.example.com");
+        assert!(matches!(server_name(&hello), Hello::Name(n) if n == "api.example.com"));
+        for cut in 1..hello.len() {
+            match server_name(&hello[..cut]) {
+                Hello::NeedMore | Hello::NoName => {}
+                Hello::Name(n) => panic!("a name ({n}) from {cut} of {} bytes", hello.len()),
+            }
+        }
+        assert!(matches!(server_name(b"GET / HTTP/1.1\r\n"), Hello::NoName));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_give_an_answer_and_no_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048)) {
+            let _ = server_name(&bytes);
+            let mut tls = vec![0x16u8, 3, 1];
+            tls.extend(&bytes);
+            let _ = server_name(&tls);
         }
     }
 }
