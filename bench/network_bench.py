@@ -8,8 +8,8 @@
    Runs are interleaved so machine noise hits both alike.
 2. Throughput: a file of `--mb` MiB fetched over HTTP from a server in a network namespace
    (veth, 198.51.100.254 in a /30), directly by the host's Python and through a granted run's relay and
-   egress proxy; MB/s each and the ratio. The sandboxed figure includes the interpreter's
-   start (measured by the program itself around the fetch only).
+   egress proxy; MB/s each and the ratio. Both figures time the fetch alone (the sandboxed
+   one is measured by the program itself), so neither includes an interpreter's start.
 """
 import argparse
 import json
