@@ -69,6 +69,10 @@ pub const USER_LIMITS: [(&str, &str); 2] = [
 
 /// Per-user counters, counted in the run's own user namespace: its share of the host user's
 /// pending signals (`RLIMIT_SIGPENDING`) and POSIX message-queue bytes (`RLIMIT_MSGQUEUE`).
+///
+/// The process count is not here: the cold path also sets `RLIMIT_NPROC` to the run's pids
+/// limit, as the bound on hosts without cgroups; fork servers run only where every slot has a
+/// pids cgroup, which bounds the run as a whole, so their programs do without it.
 pub const PENDING_SIGNALS: u64 = 1024;
 pub const MESSAGE_QUEUE_BYTES: u64 = 65536;
 
