@@ -24,7 +24,7 @@ use tokio::sync::OnceCell;
 use crate::ServeOptions;
 use crate::approvals::{self, Approvals, LocalChannel, TakeError};
 use crate::args::parse;
-use crate::audit::{self, AuditLog, Record};
+use crate::audit::{AuditLog, Record, fill_outcome, fill_policy, fill_request};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::plan::RunPlan;
@@ -116,56 +116,6 @@ struct CallInfo {
     transport: String,
     tool: String,
     arrived: Instant,
-}
-
-fn fill_request(r: &mut Record, req: &ExecRequest, backend: &str, hash_only: bool) {
-    r.language = Some(req.language.clone());
-    r.backend = Some(backend.to_string());
-    r.code_sha256 = Some(audit::sha256_hex(req.code.as_bytes()));
-    if !hash_only {
-        r.code = Some(req.code.clone());
-    }
-    r.code_bytes = req.code.len();
-    r.files = req.files.iter().map(|f| f.filename.clone()).collect();
-    r.entrypoint = req.entrypoint.clone();
-    r.stdin_bytes = req.stdin.len();
-    r.args = req.args.len();
-    r.env = req.env.keys().cloned().collect();
-}
-
-fn fill_outcome(r: &mut Record, o: &Outcome) {
-    r.status = o.status.to_string();
-    r.exit_code = o.exit_code;
-    r.signal = o.signal;
-    r.reason = o.reason.clone();
-    r.durations.run_ms = o.duration_ms;
-    r.durations.setup_us = o.usage.setup_us;
-    r.cpu_time_ms = o.usage.cpu_time_ms;
-    r.peak_memory_kb = o.usage.peak_memory_kb;
-    r.stdout_bytes = o.stdout.len();
-    r.stderr_bytes = o.stderr.len();
-    r.egress = o.egress.clone();
-    if r.language.is_none() && !o.language.is_empty() {
-        r.language = Some(o.language.clone());
-    }
-    if r.backend.is_none() {
-        r.backend = Some(o.backend.clone());
-    }
-}
-
-fn fill_policy(r: &mut Record, p: &PolicyReport) {
-    r.gear = Some(p.gear.to_string());
-    r.capabilities = p.granted.iter().map(|c| c.as_str().to_string()).collect();
-    r.approval = Some(
-        match p.decided_by.as_str() {
-            "gear" => "auto",
-            "human" => "approved",
-            "elicitation" => "elicitation_accepted",
-            other => other,
-        }
-        .to_string(),
-    );
-    r.operation_id = p.operation_id.clone();
 }
 
 /// Give the run what the gear granted.
