@@ -5,14 +5,16 @@
 //! unhealthy, [`AuditLog::ready`] says why, and the server refuses executions (fail closed)
 //! until a later attempt to reopen it succeeds.
 //!
-//! The mapping of a call to its line is here too: [`Record`], and what the request, the
-//! outcome and the gear's decision put in it (`fill_request`, `fill_outcome`, `fill_policy`).
+//! The mapping of a call to its line is here too: who made the call (`CallInfo`), the
+//! [`Record`], what the request, the outcome and the gear's decision put in it
+//! (`fill_request`, `fill_outcome`, `fill_policy`), and `append`, which adds the call's total
+//! time.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gearbox_core::{ExecRequest, Outcome};
 use gearbox_engine::config::AuditConfig;
@@ -164,8 +166,26 @@ impl Record {
     }
 }
 
-/// The request's part of a record: what ran, without its values (the code only unless
-/// `hash_only`).
+/// Who asked, over what, when: what the audit line and metrics need of one call.
+pub(crate) struct CallInfo {
+    pub caller: String,
+    pub transport: String,
+    pub tool: String,
+    pub arrived: Instant,
+}
+
+/// Append `record` of the call `info`, with the call's total time; false when `log` is
+/// configured and the line did not reach the disk.
+pub(crate) async fn append(log: Option<&AuditLog>, mut record: Record, info: &CallInfo) -> bool {
+    record.durations.total_ms = info.arrived.elapsed().as_millis() as u64;
+    match log {
+        Some(log) => log.write(&record).await.is_ok(),
+        None => true,
+    }
+}
+
+/// The request's part of a record: the code's hash, names and sizes, never the contents of
+/// stdin, arguments or environment; the code itself unless `hash_only`.
 pub(crate) fn fill_request(r: &mut Record, req: &ExecRequest, backend: &str, hash_only: bool) {
     r.language = Some(req.language.clone());
     r.backend = Some(backend.to_string());

@@ -24,7 +24,7 @@ use tokio::sync::OnceCell;
 use crate::ServeOptions;
 use crate::approvals::{self, Approvals, LocalChannel, TakeError};
 use crate::args::parse;
-use crate::audit::{AuditLog, Record, fill_outcome, fill_policy, fill_request};
+use crate::audit::{self, AuditLog, CallInfo, Record, fill_outcome, fill_policy, fill_request};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::plan::RunPlan;
@@ -108,14 +108,6 @@ struct Done {
 struct CallPolicy {
     gear: Option<Gear>,
     operation_id: Option<String>,
-}
-
-/// Who asked, over what, when: what the audit line and metrics need of one call.
-struct CallInfo {
-    caller: String,
-    transport: String,
-    tool: String,
-    arrived: Instant,
 }
 
 /// Give the run what the gear granted.
@@ -260,12 +252,8 @@ impl GearboxServer {
 
     /// Append `record`; false when the audit log is configured and the line did not reach
     /// the disk.
-    async fn record(&self, mut record: Record, info: &CallInfo) -> bool {
-        record.durations.total_ms = info.arrived.elapsed().as_millis() as u64;
-        match &self.inner.audit {
-            Some(log) => log.write(&record).await.is_ok(),
-            None => true,
-        }
+    async fn record(&self, record: Record, info: &CallInfo) -> bool {
+        audit::append(self.inner.audit.as_deref(), record, info).await
     }
 
     /// A call refused before anything ran: audit line and metrics.
