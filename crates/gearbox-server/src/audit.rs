@@ -4,14 +4,21 @@
 //! size (`FILE.1`, `FILE.2`, ...). When the file cannot be opened or written the log turns
 //! unhealthy, [`AuditLog::ready`] says why, and the server refuses executions (fail closed)
 //! until a later attempt to reopen it succeeds.
+//!
+//! The mapping of a call to its line is here too: who made the call (`CallInfo`), the
+//! [`Record`], what the request, the outcome and the gear's decision put in it
+//! (`fill_request`, `fill_outcome`, `fill_policy`), and `append`, which adds the call's total
+//! time.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use gearbox_core::{ExecRequest, Outcome};
 use gearbox_engine::config::AuditConfig;
+use gearbox_engine::policy::PolicyReport;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
@@ -157,6 +164,79 @@ impl Record {
             egress: None,
         }
     }
+}
+
+/// Who asked, over what, when: what the audit line and metrics need of one call.
+pub(crate) struct CallInfo {
+    pub caller: String,
+    pub transport: String,
+    pub tool: String,
+    pub arrived: Instant,
+}
+
+/// Append `record` of the call `info`, with the call's total time; false when `log` is
+/// configured and the line did not reach the disk.
+pub(crate) async fn append(log: Option<&AuditLog>, mut record: Record, info: &CallInfo) -> bool {
+    record.durations.total_ms = info.arrived.elapsed().as_millis() as u64;
+    match log {
+        Some(log) => log.write(&record).await.is_ok(),
+        None => true,
+    }
+}
+
+/// The request's part of a record: the code's hash, names and sizes, never the contents of
+/// stdin, arguments or environment; the code itself unless `hash_only`.
+pub(crate) fn fill_request(r: &mut Record, req: &ExecRequest, backend: &str, hash_only: bool) {
+    r.language = Some(req.language.clone());
+    r.backend = Some(backend.to_string());
+    r.code_sha256 = Some(sha256_hex(req.code.as_bytes()));
+    if !hash_only {
+        r.code = Some(req.code.clone());
+    }
+    r.code_bytes = req.code.len();
+    r.files = req.files.iter().map(|f| f.filename.clone()).collect();
+    r.entrypoint = req.entrypoint.clone();
+    r.stdin_bytes = req.stdin.len();
+    r.args = req.args.len();
+    r.env = req.env.keys().cloned().collect();
+}
+
+/// The outcome's part of a record: status, exit, durations, usage, output sizes, egress
+/// (and the language and backend, when the request's part did not set them).
+pub(crate) fn fill_outcome(r: &mut Record, o: &Outcome) {
+    r.status = o.status.to_string();
+    r.exit_code = o.exit_code;
+    r.signal = o.signal;
+    r.reason = o.reason.clone();
+    r.durations.run_ms = o.duration_ms;
+    r.durations.setup_us = o.usage.setup_us;
+    r.cpu_time_ms = o.usage.cpu_time_ms;
+    r.peak_memory_kb = o.usage.peak_memory_kb;
+    r.stdout_bytes = o.stdout.len();
+    r.stderr_bytes = o.stderr.len();
+    r.egress = o.egress.clone();
+    if r.language.is_none() && !o.language.is_empty() {
+        r.language = Some(o.language.clone());
+    }
+    if r.backend.is_none() {
+        r.backend = Some(o.backend.clone());
+    }
+}
+
+/// The gear's part of a record: the gear, what it granted, how it was decided.
+pub(crate) fn fill_policy(r: &mut Record, p: &PolicyReport) {
+    r.gear = Some(p.gear.to_string());
+    r.capabilities = p.granted.iter().map(|c| c.as_str().to_string()).collect();
+    r.approval = Some(
+        match p.decided_by.as_str() {
+            "gear" => "auto",
+            "human" => "approved",
+            "elicitation" => "elicitation_accepted",
+            other => other,
+        }
+        .to_string(),
+    );
+    r.operation_id = p.operation_id.clone();
 }
 
 /// Lower-case hex SHA-256.

@@ -17,6 +17,7 @@ pub mod audit;
 mod broker;
 #[cfg(test)]
 mod doc_check;
+mod gate;
 #[cfg(test)]
 mod gate_tests;
 pub mod http;

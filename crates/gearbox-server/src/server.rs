@@ -1,30 +1,29 @@
-//! [`GearboxServer`]: the one `ServerHandler`, whatever the transport.
+//! [`GearboxServer`]: the one `ServerHandler`, whatever the transport: MCP dispatch and the
+//! request pipeline (`call`). The pipeline's gate (the gear and human approvals) is
+//! [`crate::gate`]; what an audit line says of a call is mapped in [`crate::audit`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::collections::BTreeSet;
-
-use gearbox_core::{BackendKind, Capability, ExecRequest, Gear, Outcome};
+use gearbox_core::{BackendKind, ExecRequest, Gear, Outcome};
 use gearbox_engine::Engine;
-use gearbox_engine::config::{ApprovalsConfig, ToolProfile};
+use gearbox_engine::config::ToolProfile;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ElicitRequest, ElicitRequestParams, ElicitationSchema,
-    Implementation, InputRequest, InputRequests, InputRequiredResult, ListResourceTemplatesResult,
+    CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
     ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    RequestStateCodec, ResourceContents, SealOptions, ServerCapabilities, ServerConfig, Tool,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ResourceContents,
+    ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::ElicitationError;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
 use crate::ServeOptions;
-use crate::approvals::{self, Approvals, LocalChannel, TakeError};
+use crate::approvals::Approvals;
 use crate::args::parse;
-use crate::audit::{self, AuditLog, Record};
+use crate::audit::{self, AuditLog, CallInfo, Record, fill_outcome, fill_policy, fill_request};
+use crate::gate::{CallPolicy, Gate, Gatekeeper};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::plan::RunPlan;
@@ -33,7 +32,7 @@ use crate::sessions::{RunReport, SessionRun};
 use crate::tools::{self, Prepared, ToolKind};
 use crate::{Caller, TransportName};
 use gearbox_broker::ToolCallRecord;
-use gearbox_engine::policy::{self, PolicyReport, Verdict};
+use gearbox_engine::policy::PolicyReport;
 
 const INSTRUCTIONS: &str = "gearbox runs code in fresh, isolated sandboxes: no network, \
 a private workspace (/work) and /tmp, time and memory limits, nothing kept between calls. \
@@ -61,38 +60,8 @@ struct Inner {
     /// Transport and caller when the request does not say (stdio).
     transport: &'static str,
     caller: String,
-    /// The server's safety gear; calls may lower it.
-    gear: Gear,
-    approvals_cfg: ApprovalsConfig,
-    approvals: Arc<Approvals>,
-    /// Seals the `requestState` of input-required results (stateless protocol): a key per
-    /// process, so a state outlives neither the process nor its TTL.
-    state_codec: RequestStateCodec,
-    /// The local approval socket, removed when the server goes.
-    _local: Option<LocalChannel>,
-}
-
-/// The answer a human gives through elicitation.
-#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
-struct ApprovalAnswer {
-    /// Run it with what it asks for?
-    approve: bool,
-    /// Optional words for the agent (why not, what to change).
-    reason: Option<String>,
-}
-
-rmcp::elicit_safe!(ApprovalAnswer);
-
-/// The key of the approval question in an input-required result.
-const APPROVAL_INPUT: &str = "approval";
-/// Code up to this size (the program and its files) is analysed on the calling task.
-const INLINE_ANALYSIS_BYTES: usize = 4 * 1024;
-
-/// A call after the gear: run it (with what was granted), or answer without running.
-#[allow(clippy::large_enum_variant, reason = "one per call, moved once")]
-enum Gate {
-    Run { plan: RunPlan, report: PolicyReport },
-    Answer(CallToolResponse),
+    /// The gear and human approvals (step 4 of the pipeline).
+    gatekeeper: Gatekeeper,
 }
 
 /// What a run left for the result: its outcome, the tool calls its code made, what happened
@@ -101,78 +70,6 @@ struct Done {
     outcome: Outcome,
     tool_calls: Option<Vec<ToolCallRecord>>,
     session: Option<RunReport>,
-}
-
-/// What a call says about the gear: a lower gear, a resumed approval.
-#[derive(Debug, Default)]
-struct CallPolicy {
-    gear: Option<Gear>,
-    operation_id: Option<String>,
-}
-
-/// Who asked, over what, when: what the audit line and metrics need of one call.
-struct CallInfo {
-    caller: String,
-    transport: String,
-    tool: String,
-    arrived: Instant,
-}
-
-fn fill_request(r: &mut Record, req: &ExecRequest, backend: &str, hash_only: bool) {
-    r.language = Some(req.language.clone());
-    r.backend = Some(backend.to_string());
-    r.code_sha256 = Some(audit::sha256_hex(req.code.as_bytes()));
-    if !hash_only {
-        r.code = Some(req.code.clone());
-    }
-    r.code_bytes = req.code.len();
-    r.files = req.files.iter().map(|f| f.filename.clone()).collect();
-    r.entrypoint = req.entrypoint.clone();
-    r.stdin_bytes = req.stdin.len();
-    r.args = req.args.len();
-    r.env = req.env.keys().cloned().collect();
-}
-
-fn fill_outcome(r: &mut Record, o: &Outcome) {
-    r.status = o.status.to_string();
-    r.exit_code = o.exit_code;
-    r.signal = o.signal;
-    r.reason = o.reason.clone();
-    r.durations.run_ms = o.duration_ms;
-    r.durations.setup_us = o.usage.setup_us;
-    r.cpu_time_ms = o.usage.cpu_time_ms;
-    r.peak_memory_kb = o.usage.peak_memory_kb;
-    r.stdout_bytes = o.stdout.len();
-    r.stderr_bytes = o.stderr.len();
-    r.egress = o.egress.clone();
-    if r.language.is_none() && !o.language.is_empty() {
-        r.language = Some(o.language.clone());
-    }
-    if r.backend.is_none() {
-        r.backend = Some(o.backend.clone());
-    }
-}
-
-fn fill_policy(r: &mut Record, p: &PolicyReport) {
-    r.gear = Some(p.gear.to_string());
-    r.capabilities = p.granted.iter().map(|c| c.as_str().to_string()).collect();
-    r.approval = Some(
-        match p.decided_by.as_str() {
-            "gear" => "auto",
-            "human" => "approved",
-            "elicitation" => "elicitation_accepted",
-            other => other,
-        }
-        .to_string(),
-    );
-    r.operation_id = p.operation_id.clone();
-}
-
-/// Give the run what the gear granted.
-fn grant(req: &mut ExecRequest, caps: &BTreeSet<Capability>) {
-    if !caps.contains(&Capability::Network) {
-        req.network = gearbox_core::Network::Off;
-    }
 }
 
 /// The `mcp_execution_errors_total` reason of an outcome that is not ok.
@@ -190,7 +87,6 @@ fn error_reason(o: &Outcome) -> &'static str {
 
 impl GearboxServer {
     pub fn new(engine: Arc<Engine>, opts: ServeOptions) -> GearboxServer {
-        let engine_gear = engine.config().gear;
         let mut profiles = if opts.profiles.is_empty() {
             engine.config().profiles.clone()
         } else {
@@ -206,40 +102,14 @@ impl GearboxServer {
         let c = &engine.config().concurrency;
         let limiter = Arc::new(Limiter::new(c.running(), c.max_queued));
         let broker = crate::broker::from_config(engine.config());
-        let approvals_cfg = engine.config().approvals.clone();
-        let approvals = Arc::new(Approvals::new(
-            Duration::from_secs(approvals_cfg.ttl_secs.max(1)),
+        let metrics = Arc::new(Metrics::new());
+        let gatekeeper = Gatekeeper::new(
+            engine.clone(),
+            opts.gear.unwrap_or(engine.config().gear),
             opts.audit.clone(),
-        ));
-        let local = if opts.local_approvals {
-            let dir = approvals_cfg.socket_dir();
-            match approvals::serve_local(approvals.clone(), &dir) {
-                Ok(ch) => Some(ch),
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e,
-                        "approval socket not available; `gearbox approve` cannot reach this server");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        if tokio::runtime::Handle::try_current().is_ok() {
-            approvals.spawn_sweeper(Duration::from_secs(5));
-        }
-        let mut key = [0u8; 32];
-        key.iter_mut()
-            .zip(
-                uuid::Uuid::new_v4()
-                    .as_bytes()
-                    .iter()
-                    .chain(uuid::Uuid::new_v4().as_bytes()),
-            )
-            .for_each(|(k, r)| *k = *r);
-        let state_codec = match RequestStateCodec::try_new(key.to_vec()) {
-            Ok(c) => c,
-            Err(e) => unreachable!("a 32-byte key is long enough: {e}"),
-        };
+            metrics.clone(),
+            opts.local_approvals,
+        );
         GearboxServer {
             inner: Arc::new(Inner {
                 engine,
@@ -248,28 +118,24 @@ impl GearboxServer {
                 progress_interval: opts.progress_interval.max(Duration::from_millis(50)),
                 languages: OnceCell::new(),
                 limiter,
-                metrics: Arc::new(Metrics::new()),
+                metrics,
                 audit: opts.audit,
                 broker,
                 transport: opts.transport,
                 caller: opts.caller,
-                gear: opts.gear.unwrap_or(engine_gear),
-                approvals_cfg,
-                approvals,
-                state_codec,
-                _local: local,
+                gatekeeper,
             }),
         }
     }
 
     /// The store of pending approvals (the HTTP daemon serves `/approvals`).
     pub fn approvals(&self) -> &Arc<Approvals> {
-        &self.inner.approvals
+        self.inner.gatekeeper.approvals()
     }
 
     /// The server's safety gear.
     pub fn gear(&self) -> Gear {
-        self.inner.gear
+        self.inner.gatekeeper.gear()
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -310,12 +176,8 @@ impl GearboxServer {
 
     /// Append `record`; false when the audit log is configured and the line did not reach
     /// the disk.
-    async fn record(&self, mut record: Record, info: &CallInfo) -> bool {
-        record.durations.total_ms = info.arrived.elapsed().as_millis() as u64;
-        match &self.inner.audit {
-            Some(log) => log.write(&record).await.is_ok(),
-            None => true,
-        }
+    async fn record(&self, record: Record, info: &CallInfo) -> bool {
+        audit::append(self.inner.audit.as_deref(), record, info).await
     }
 
     /// A call refused before anything ran: audit line and metrics.
@@ -725,10 +587,12 @@ impl GearboxServer {
             // The server's own listing program, not caller code: no gear applies.
             Gate::Run {
                 plan,
-                report: self.plain_report(),
+                report: self.inner.gatekeeper.plain_report(),
             }
         } else {
-            self.gate(kind, plan, call_policy, &info, &request, ctx)
+            self.inner
+                .gatekeeper
+                .gate(kind, plan, call_policy, &info, &request, ctx)
                 .await
         };
         let (plan, report) = match gated {
@@ -754,434 +618,6 @@ impl GearboxServer {
         Ok(self.shape(kind, &done, &report, session.as_ref()))
     }
 
-    /// A report for a run no gear looked at.
-    fn plain_report(&self) -> PolicyReport {
-        PolicyReport {
-            gear: self.inner.gear,
-            risk: gearbox_analysis::Risk::Low,
-            requested: Vec::new(),
-            detected: Vec::new(),
-            granted: Vec::new(),
-            decided_by: "gear".into(),
-            findings: Vec::new(),
-            operation_id: None,
-        }
-    }
-
-    /// The answer of a call the gear refused: a `denied` outcome with the findings.
-    #[allow(clippy::too_many_arguments)]
-    async fn gear_refusal(
-        &self,
-        kind: ToolKind,
-        info: &CallInfo,
-        req: &ExecRequest,
-        backend: Option<BackendKind>,
-        report: &PolicyReport,
-        reason: String,
-        approval: &str,
-    ) -> Gate {
-        let backend_name = backend.unwrap_or(self.inner.engine.config().backend);
-        let o = Outcome::denied(&req.language, backend_name.as_str(), reason);
-        let m = &self.inner.metrics;
-        m.request(&req.language, "denied");
-        m.error("policy");
-        let mut r = Record::new("refusal", &info.caller, &info.transport, &info.tool);
-        let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
-        fill_request(&mut r, req, backend_name.as_str(), hash_only);
-        fill_outcome(&mut r, &o);
-        fill_policy(&mut r, report);
-        r.capabilities = report
-            .requested
-            .iter()
-            .chain(report.detected.iter())
-            .map(|c| c.as_str().to_string())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        r.approval = Some(approval.to_string());
-        r.status = "denied".into();
-        self.record(r, info).await;
-        let result = match kind {
-            ToolKind::CodeExecPython => tools::heroku_result(&o),
-            _ => tools::with_policy(tools::outcome_result(&o), report),
-        };
-        Gate::Answer(result.into())
-    }
-
-    /// Apply the safety gear to a prepared run.
-    #[allow(clippy::too_many_arguments)]
-    async fn gate(
-        &self,
-        kind: ToolKind,
-        mut plan: RunPlan,
-        call: CallPolicy,
-        info: &CallInfo,
-        params: &CallToolRequestParams,
-        ctx: &RequestContext<RoleServer>,
-    ) -> Gate {
-        let server_gear = self.inner.gear;
-        let backend = plan.backend;
-        let mut report = self.plain_report();
-        let gear = match call.gear {
-            Some(g) if g > server_gear => {
-                let reason = format!(
-                    "gear: {g} is above this server's gear ({server_gear}); a call may only \
-                     lower it"
-                );
-                return self
-                    .gear_refusal(kind, info, &plan.request, backend, &report, reason, "auto")
-                    .await;
-            }
-            Some(g) => g,
-            None => server_gear,
-        };
-        if let Err(reason) = policy::network_within_gear(
-            gear,
-            &plan.request.network,
-            &self.inner.engine.config().network,
-        ) {
-            return self
-                .gear_refusal(kind, info, &plan.request, backend, &report, reason, "auto")
-                .await;
-        }
-        // Small programs (nearly every call) are parsed in place: a hand-off to the blocking
-        // pool costs more than their parse.
-        let req = &plan.request;
-        let size: usize = req.code.len() + req.files.iter().map(|f| f.content.len()).sum::<usize>();
-        let analysis = if size <= INLINE_ANALYSIS_BYTES {
-            Ok(policy::analyse(self.inner.engine.language_table(), req))
-        } else {
-            let engine = self.inner.engine.clone();
-            let for_analysis = req.clone();
-            tokio::task::spawn_blocking(move || {
-                policy::analyse(engine.language_table(), &for_analysis)
-            })
-            .await
-        };
-        let analysis = analysis.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "analysis failed");
-            gearbox_analysis::Analysis {
-                analysed: false,
-                risk: gearbox_analysis::Risk::High,
-                needs: BTreeSet::new(),
-                findings: Vec::new(),
-                parse_errors: false,
-                reason: Some("analysis failed".into()),
-            }
-        });
-        let mut requested = policy::requested(&plan.request);
-        if plan.tools.is_some() {
-            requested.insert(Capability::Tools);
-        }
-        let eval = policy::evaluate(
-            gear,
-            requested,
-            analysis,
-            self.inner.approvals_cfg.ask_on_high_risk,
-        );
-        report = eval.report;
-
-        if let Some(id) = call.operation_id {
-            let caps = match &eval.verdict {
-                Verdict::Ask(c) | Verdict::Allow(c) => c.clone(),
-                Verdict::Deny(reason) => {
-                    return self
-                        .gear_refusal(
-                            kind,
-                            info,
-                            &plan.request,
-                            backend,
-                            &report,
-                            reason.clone(),
-                            "auto",
-                        )
-                        .await;
-                }
-            };
-            let hash = approval_hash(&plan, &caps);
-            return match self.inner.approvals.take(&id, Some(&hash)) {
-                // The approved plan: equal to this one in everything the hash binds.
-                Ok(approved) => {
-                    let mut plan = approved.plan;
-                    grant(&mut plan.request, &approved.capabilities);
-                    Gate::Run {
-                        plan,
-                        report: approved.report,
-                    }
-                }
-                Err(TakeError::Pending(view)) => {
-                    let backend_name = backend.unwrap_or(self.inner.engine.config().backend);
-                    Gate::Answer(
-                        tools::pending_result(backend_name.as_str(), &view, &report).into(),
-                    )
-                }
-                Err(e) => {
-                    let answer = match &e {
-                        TakeError::Rejected(_) => "rejected",
-                        TakeError::Expired => "expired",
-                        _ => "auto",
-                    };
-                    self.gear_refusal(
-                        kind,
-                        info,
-                        &plan.request,
-                        backend,
-                        &report,
-                        e.to_string(),
-                        answer,
-                    )
-                    .await
-                }
-            };
-        }
-
-        match eval.verdict {
-            Verdict::Allow(granted) => {
-                grant(&mut plan.request, &granted);
-                Gate::Run { plan, report }
-            }
-            Verdict::Deny(reason) => {
-                self.gear_refusal(kind, info, &plan.request, backend, &report, reason, "auto")
-                    .await
-            }
-            Verdict::Ask(caps) => self.ask(kind, plan, caps, report, info, params, ctx).await,
-        }
-    }
-
-    /// Put a run to a human: elicitation when the client can answer it (input-required on
-    /// the stateless protocol), else a pending operation approved out of band.
-    #[allow(clippy::too_many_arguments)]
-    async fn ask(
-        &self,
-        kind: ToolKind,
-        plan: RunPlan,
-        caps: BTreeSet<Capability>,
-        mut report: PolicyReport,
-        info: &CallInfo,
-        params: &CallToolRequestParams,
-        ctx: &RequestContext<RoleServer>,
-    ) -> Gate {
-        let req = &plan.request;
-        let backend = plan.backend;
-        let mut question =
-            policy::question(&req.language, &req.packages, &req.network, &caps, &report);
-        if caps.contains(&Capability::Packages) && !req.packages.is_empty() {
-            // Validate before bothering a human, and show what would be installed.
-            match self
-                .inner
-                .engine
-                .resolve_packages(&req.language, &req.packages)
-                .await
-            {
-                Ok(pkgs) => {
-                    let list: Vec<String> = pkgs
-                        .iter()
-                        .map(|p| format!("{}=={}", p.name, p.version))
-                        .collect();
-                    question.push_str(&format!(
-                        "\nThat installs (with dependencies): {}",
-                        list.join(", ")
-                    ));
-                }
-                Err(e) => {
-                    return self
-                        .gear_refusal(kind, info, req, backend, &report, e, "auto")
-                        .await;
-                }
-            }
-        }
-        let hash = approval_hash(&plan, &caps);
-        let cfg = &self.inner.approvals_cfg;
-        let client_elicits = ctx
-            .client_capabilities()
-            .is_some_and(|c| c.elicitation.is_some());
-        let stateless = ctx
-            .protocol_version()
-            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
-        let approve_with = |mut plan: RunPlan, mut report: PolicyReport| {
-            grant(&mut plan.request, &caps);
-            report.granted = caps.iter().copied().collect();
-            report.decided_by = "elicitation".into();
-            Gate::Run { plan, report }
-        };
-
-        if cfg.elicitation && client_elicits && stateless {
-            if let (Some(state), Some(responses)) = (&params.request_state, &params.input_responses)
-            {
-                if let Err(e) = self.inner.state_codec.open_with(state, hash.as_bytes()) {
-                    let reason = format!(
-                        "the approval state does not match this request ({e}): the code or \
-                         its arguments changed, the state expired, or it was altered. Call \
-                         again without requestState to ask anew"
-                    );
-                    return self
-                        .gear_refusal(kind, info, req, backend, &report, reason, "auto")
-                        .await;
-                }
-                let answer = responses.get(APPROVAL_INPUT).cloned().unwrap_or_default();
-                let action = answer.get("action").and_then(|a| a.as_str()).unwrap_or("");
-                let content = answer.get("content").cloned().unwrap_or_default();
-                let approve = content
-                    .get("approve")
-                    .and_then(|a| a.as_bool())
-                    .unwrap_or(false);
-                let words = content
-                    .get("reason")
-                    .and_then(|r| r.as_str())
-                    .map(str::to_string);
-                return match action {
-                    "accept" if approve => {
-                        self.audit_elicitation(info, req, &caps, "elicitation_accepted", None)
-                            .await;
-                        approve_with(plan.clone(), report)
-                    }
-                    "accept" | "decline" => {
-                        let reason = declined_reason(words.as_deref());
-                        self.gear_refusal(
-                            kind,
-                            info,
-                            req,
-                            backend,
-                            &report,
-                            reason,
-                            "elicitation_declined",
-                        )
-                        .await
-                    }
-                    _ => {
-                        self.gear_refusal(
-                            kind,
-                            info,
-                            req,
-                            backend,
-                            &report,
-                            "the human dismissed the approval question; nothing ran".into(),
-                            "elicitation_cancelled",
-                        )
-                        .await
-                    }
-                };
-            }
-            let schema = match ElicitationSchema::from_type::<ApprovalAnswer>() {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "approval schema");
-                    return self
-                        .gear_refusal(kind, info, req, backend, &report, e.to_string(), "auto")
-                        .await;
-                }
-            };
-            let state = self.inner.state_codec.seal_with(
-                APPROVAL_INPUT.as_bytes(),
-                &SealOptions::new()
-                    .associated_data(hash.as_bytes())
-                    .ttl(Duration::from_secs(cfg.ttl_secs.max(1))),
-            );
-            let elicit = ElicitRequest::new(ElicitRequestParams::FormElicitationParams {
-                meta: None,
-                message: format!("{question}\nApprove this run?"),
-                requested_schema: schema,
-            });
-            let mut inputs = InputRequests::new();
-            inputs.insert(APPROVAL_INPUT.into(), InputRequest::Elicitation(elicit));
-            self.audit_elicitation(info, req, &caps, "asked", None)
-                .await;
-            return Gate::Answer(CallToolResponse::InputRequired(InputRequiredResult::new(
-                Some(inputs),
-                Some(state),
-            )));
-        }
-
-        if cfg.elicitation && client_elicits && !stateless {
-            self.audit_elicitation(info, req, &caps, "asked", None)
-                .await;
-            let timeout = Duration::from_secs(cfg.elicitation_timeout_secs.max(1));
-            let answer = ctx
-                .peer
-                .elicit_with_timeout::<ApprovalAnswer>(
-                    format!("{question}\nApprove this run?"),
-                    Some(timeout),
-                )
-                .await;
-            let (reason, how) = match answer {
-                Ok(Some(a)) if a.approve => {
-                    self.audit_elicitation(info, req, &caps, "elicitation_accepted", None)
-                        .await;
-                    return approve_with(plan.clone(), report);
-                }
-                Ok(Some(a)) => (declined_reason(a.reason.as_deref()), "elicitation_declined"),
-                Ok(None) | Err(ElicitationError::NoContent) => {
-                    (declined_reason(None), "elicitation_declined")
-                }
-                Err(ElicitationError::UserDeclined) => {
-                    (declined_reason(None), "elicitation_declined")
-                }
-                Err(ElicitationError::UserCancelled) => (
-                    "the human dismissed the approval question; nothing ran".to_string(),
-                    "elicitation_cancelled",
-                ),
-                Err(ElicitationError::CapabilityNotSupported) => (String::new(), ""),
-                Err(e) => (
-                    format!("no answer to the approval question ({e}); nothing ran"),
-                    "elicitation_cancelled",
-                ),
-            };
-            if !how.is_empty() {
-                return self
-                    .gear_refusal(kind, info, req, backend, &report, reason, how)
-                    .await;
-            }
-        }
-
-        // Out of band.
-        let backend_name = backend.unwrap_or(self.inner.engine.config().backend);
-        report.operation_id = None;
-        match self
-            .inner
-            .approvals
-            .create(plan.clone(), hash, &caps, question, report.clone())
-        {
-            Ok(view) => {
-                self.audit_elicitation(info, req, &caps, "asked", Some(&view.operation_id))
-                    .await;
-                self.inner
-                    .metrics
-                    .request(&req.language, "pending_approval");
-                let result = if kind == ToolKind::CodeExecPython {
-                    // The drop-in shape: returncode -1, the how-to in stderr.
-                    tools::heroku_result(&tools::pending_outcome(backend_name.as_str(), &view).0)
-                } else {
-                    tools::pending_result(backend_name.as_str(), &view, &report)
-                };
-                Gate::Answer(result.into())
-            }
-            Err(reason) => {
-                self.gear_refusal(kind, info, req, backend, &report, reason, "auto")
-                    .await
-            }
-        }
-    }
-
-    async fn audit_elicitation(
-        &self,
-        info: &CallInfo,
-        req: &ExecRequest,
-        caps: &BTreeSet<Capability>,
-        what: &str,
-        operation_id: Option<&str>,
-    ) {
-        let mut r = Record::new("approval", &info.caller, &info.transport, &info.tool);
-        let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
-        let backend = self.inner.engine.config().backend;
-        fill_request(&mut r, req, backend.as_str(), hash_only);
-        r.gear = Some(self.inner.gear.to_string());
-        r.capabilities = caps.iter().map(|c| c.as_str().to_string()).collect();
-        r.approval = Some(what.to_string());
-        r.status = what.to_string();
-        r.operation_id = operation_id.map(str::to_string);
-        self.record(r, info).await;
-    }
-
     /// `approval_status`: pending again, the approved run, or the refusal.
     async fn approval_status(
         &self,
@@ -1189,70 +625,22 @@ impl GearboxServer {
         info: &CallInfo,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let backend = self.inner.engine.config().backend;
-        let report = self.plain_report();
-        let deny = |reason: String| {
-            tools::with_policy(
-                tools::outcome_result(&Outcome::denied("", backend.as_str(), reason)),
-                &report,
-            )
-            .into()
+        // The approved plan, whole: its session and its tools too.
+        let (plan, report) = match self.inner.gatekeeper.approval_status(id) {
+            Gate::Answer(answer) => return Ok(answer),
+            Gate::Run { plan, report } => (plan, report),
         };
-        if !approvals::valid_id(id) {
-            return Ok(deny(
-                "operation_id: not an operation id (expected the UUID of a pending_approval \
-                 result)"
-                    .into(),
-            ));
-        }
-        match self.inner.approvals.take(id, None) {
-            // The approved plan, whole: its session and its tools too.
-            Ok(approved) => {
-                let mut plan = approved.plan;
-                grant(&mut plan.request, &approved.capabilities);
-                let session = plan.session.clone();
-                match self.execute_plan(plan, &approved.report, info, ctx).await {
-                    Err(answer) => Ok(answer),
-                    Ok(Some(done)) => Ok(self.shape(
-                        ToolKind::ExecuteCode,
-                        &done,
-                        &approved.report,
-                        session.as_ref(),
-                    )),
-                    Ok(None) => Err(McpError::internal_error(
-                        "request cancelled; its run was killed",
-                        None,
-                    )),
-                }
+        let session = plan.session.clone();
+        match self.execute_plan(plan, &report, info, ctx).await {
+            Err(answer) => Ok(answer),
+            Ok(Some(done)) => {
+                Ok(self.shape(ToolKind::ExecuteCode, &done, &report, session.as_ref()))
             }
-            Err(TakeError::Pending(view)) => {
-                Ok(tools::pending_result(backend.as_str(), &view, &report).into())
-            }
-            Err(e) => Ok(deny(e.to_string())),
+            Ok(None) => Err(McpError::internal_error(
+                "request cancelled; its run was killed",
+                None,
+            )),
         }
-    }
-}
-
-/// The hash a human's approval of `plan` binds to: its request and capabilities, its tools
-/// (`allow_tools` and limits) and its session, when it has them.
-fn approval_hash(plan: &RunPlan, caps: &BTreeSet<Capability>) -> String {
-    let binding = match (plan.tools_spec(), &plan.session) {
-        (None, None) => None,
-        (tools, session) => Some(
-            serde_json::json!({
-                "tools": tools,
-                "session": session.as_ref().map(|s| s.id().to_string()),
-            })
-            .to_string(),
-        ),
-    };
-    policy::approval_hash(&plan.request, caps, binding.as_deref())
-}
-
-fn declined_reason(words: Option<&str>) -> String {
-    match words.map(str::trim).filter(|w| !w.is_empty()) {
-        Some(w) => format!("the human declined this run: {w}"),
-        None => "the human declined this run".into(),
     }
 }
 
