@@ -101,9 +101,22 @@ pub struct Job {
     /// A granted run's egress proxy socket (its directory is in `mounts`): the sandbox
     /// relays `127.0.0.1:`[`crate::EGRESS_PROXY_PORT`] to it. `None`: no network at all.
     pub egress: Option<PathBuf>,
+    /// A granted run's variables from its egress proxy: the proxy settings, the trust store
+    /// holding the run's CA, the secrets' placeholders. Kept apart from `env` (which wins
+    /// where both name a variable) so a warm sandbox built for granted runs can be matched
+    /// on `env` alone and these, which differ per run, given at hand-over.
+    pub egress_env: BTreeMap<String, String>,
 }
 
 impl Job {
+    /// The variables the program gets from the job (before the sandbox's own): the egress
+    /// proxy's, then `env` over them.
+    pub fn program_vars(&self) -> BTreeMap<String, String> {
+        let mut vars = self.egress_env.clone();
+        vars.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        vars
+    }
+
     /// Validate `req` against `lang` and the configured maxima. Every error names the field.
     pub fn build(req: &ExecRequest, lang: &ResolvedLanguage, max: &Limits) -> Result<Job, String> {
         let limits = max.lowered_by(&req.limits)?;
@@ -191,6 +204,7 @@ impl Job {
                 .cloned()
                 .collect(),
             egress: None,
+            egress_env: BTreeMap::new(),
         })
     }
 }

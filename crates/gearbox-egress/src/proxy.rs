@@ -95,6 +95,11 @@ impl Egress {
         })
     }
 
+    /// The directory under which each run's proxy directory is made.
+    pub fn runtime_root(&self) -> &Path {
+        &self.settings.root
+    }
+
     /// The names of the configured secrets (never their values).
     pub fn secret_names(&self) -> Vec<String> {
         self.settings

@@ -121,7 +121,15 @@ impl Engine {
                     .resolve(language)
                     .and_then(|r| Job::build(&template, &r, &self.config.limits))
                 {
-                    Ok(job) => self.pool.keep(job, count),
+                    Ok(job) => {
+                        // Granted runs are served by sandboxes of their own (with their
+                        // relay), built once granted runs come.
+                        if let Ok(egress) = &self.egress {
+                            self.pool
+                                .keep_for_network(job.clone(), egress.runtime_root().to_path_buf());
+                        }
+                        self.pool.keep(job, count)
+                    }
                     Err(e) => tracing::warn!(%language, error = %e, "no warm pool"),
                 }
             }
@@ -276,11 +284,9 @@ impl Engine {
         })?;
         job.mounts.push(run.dir().to_path_buf());
         job.egress = Some(run.socket().to_path_buf());
-        // The caller's own settings (a `NO_PROXY` of its choosing) stay: whatever they say,
-        // the proxy is the only way out.
-        for (k, v) in run.env() {
-            job.env.entry(k.clone()).or_insert_with(|| v.clone());
-        }
+        // The caller's own settings (a `NO_PROXY` of its choosing) win (`Job::program_vars`):
+        // whatever they say, the proxy is the only way out.
+        job.egress_env = run.env().iter().cloned().collect();
         Ok(Some(run))
     }
 

@@ -43,7 +43,7 @@ impl Sandbox for LinuxSandbox {
     fn kind(&self) -> BackendKind {
         BackendKind::Linux
     }
-    fn run(&self, job: Job) -> RunFuture<'_> {
+    fn run(&self, mut job: Job) -> RunFuture<'_> {
         let pool = Arc::clone(&self.pool);
         let helper = self.helper.clone();
         Box::pin(async move {
@@ -53,6 +53,20 @@ impl Sandbox for LinuxSandbox {
             let served_by = pool.key_of(&job);
             let result = match warm {
                 Warm::Helper(warm) => run_warm(warm, job).await.map(|(o, _)| o),
+                Warm::Granted(warm, dir) => match dir.adopt(&mut job) {
+                    Ok(()) => {
+                        let result = run_warm(warm, job).await.map(|(o, _)| o);
+                        drop(dir);
+                        result
+                    }
+                    Err(why) => {
+                        // Dropping the warm sandbox kills it; the run starts cold instead.
+                        tracing::warn!(error = %why, "warm sandbox for a granted run unusable");
+                        drop(warm);
+                        drop(dir);
+                        run_helper(helper, Mode::Linux, job).await
+                    }
+                },
                 Warm::Forked(slot) => slot.run(job).await.map(|(o, _)| o),
             };
             pool.refill(served_by);
@@ -72,8 +86,9 @@ impl Sandbox for LinuxSandbox {
         let mut report = crate::probe::probe(&self.helper, Mode::Linux);
         for s in self.pool.stats() {
             report.details.push(format!(
-                "warm pool {}: {} ready (target {}), {} hits, {} misses, last refill {:.1} ms{}",
+                "warm pool {}{}: {} ready (target {}), {} hits, {} misses, last refill {:.1} ms{}",
                 s.language,
+                if s.network { " (granted runs)" } else { "" },
                 s.ready,
                 s.target,
                 s.hits,

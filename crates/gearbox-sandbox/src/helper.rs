@@ -62,7 +62,7 @@ pub(crate) fn spec_for(mode: Mode, job: &Job, pooled: Option<Pooled>) -> JailSpe
     JailSpec {
         mode,
         argv: job.argv.clone(),
-        env: job.env.clone(),
+        env: job.program_vars(),
         files: if pooled.is_some() {
             vec![]
         } else {
@@ -212,7 +212,7 @@ pub(crate) async fn run_warm(
     let handover = HandOver {
         argv: job.argv.clone(),
         program_argv: job.program_argv.clone(),
-        env: job.env.clone(),
+        env: job.program_vars(),
         files: file_list(&job),
         limits: None,
         cpu_s: None,

@@ -41,6 +41,9 @@ const FORK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 pub(crate) enum Warm {
     /// A helper whose init built the sandbox and waits for the hand-over.
     Helper(Spawned),
+    /// The same, built for granted runs: its relay runs, and this directory (empty until a
+    /// run takes it) is bound in where the relay looks for the proxy's socket.
+    Granted(Spawned, EgressDir),
     /// A slot of a fork server.
     Forked(fork_server::Slot),
 }
@@ -49,9 +52,98 @@ impl Warm {
     /// Still built and waiting (not killed, not failed).
     fn waiting(&mut self) -> bool {
         match self {
-            Warm::Helper(sp) => matches!(sp.child.try_wait(), Ok(None)),
+            Warm::Helper(sp) | Warm::Granted(sp, _) => matches!(sp.child.try_wait(), Ok(None)),
             Warm::Forked(slot) => slot.waiting(),
         }
+    }
+}
+
+/// A directory of the egress proxy's runtime root bound into a warm sandbox built for
+/// granted runs. When a run takes the sandbox, its proxy socket and trust store (made by the
+/// engine in the run's own directory) are hard-linked in ([`EgressDir::adopt`]); the relay
+/// connects by path, so it reaches that run's proxy and no other. Removed when dropped.
+pub(crate) struct EgressDir(PathBuf);
+
+impl EgressDir {
+    /// A fresh directory under `root`, which the sandbox user can reach and nobody else.
+    fn create(root: &std::path::Path) -> Result<EgressDir, String> {
+        use std::os::unix::fs::DirBuilderExt;
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(root)
+            .map_err(|e| format!("creating {}: {e}", root.display()))?;
+        gearbox_core::rundir::reachable_by_sandbox(root, "the egress proxy's socket")?;
+        // Directories of servers that died without stopping their pool.
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| {
+            let Ok(entries) = std::fs::read_dir(root) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                let pid = name.strip_prefix("warm-").and_then(|r| r.split('-').next());
+                if let Some(pid) = pid
+                    && pid.parse::<u32>().is_ok()
+                    && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        });
+        let dir = root.join(format!(
+            "warm-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let made = EgressDir(dir);
+        gearbox_core::rundir::RunAccess::of_server()
+            .restrict(&made.0, 0o700)
+            .map_err(|e| format!("restricting {}: {e}", made.0.display()))?;
+        Ok(made)
+    }
+
+    /// Make `job` (whose proxy the engine opened in a directory of its own) this sandbox's:
+    /// link its socket and trust store in, and point its mounts and variables here. On an
+    /// error `job` is as it was.
+    pub(crate) fn adopt(&self, job: &mut Job) -> Result<(), String> {
+        let Some(from) = job
+            .egress
+            .as_ref()
+            .and_then(|s| s.parent())
+            .map(PathBuf::from)
+        else {
+            return Ok(());
+        };
+        for name in ["proxy.sock", "ca.pem", "trust.pem"] {
+            let src = from.join(name);
+            if name != "proxy.sock" && !src.exists() {
+                continue;
+            }
+            std::fs::hard_link(&src, self.0.join(name))
+                .map_err(|e| format!("linking {} into {}: {e}", src.display(), self.0.display()))?;
+        }
+        job.mounts.retain(|m| *m != from);
+        job.mounts.push(self.0.clone());
+        job.egress = Some(self.0.join("proxy.sock"));
+        let (old, new) = (from.display().to_string(), self.0.display().to_string());
+        for value in job.egress_env.values_mut() {
+            if let Some(rest) = value.strip_prefix(old.as_str()) {
+                *value = format!("{new}{rest}");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for EgressDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -78,8 +170,19 @@ pub const IDLE_SHRINK: std::time::Duration = std::time::Duration::from_secs(60);
 /// limits baked in when they are built (memory, pids, disk); the others a run lowers at
 /// hand-over, and the slot is built with the configured defaults, the most a run may have.
 fn key(job: &Job) -> Option<String> {
-    if job.egress.is_some() {
-        return None;
+    if let Some(socket) = &job.egress {
+        // Node reads `NODE_EXTRA_CA_CERTS` once, at start: a run whose trust store holds a
+        // CA of its own (secrets) cannot have it in an interpreter started before it.
+        let node = job
+            .launcher
+            .as_ref()
+            .is_some_and(|(name, _)| name == "node");
+        if node && job.egress_env.contains_key("NODE_EXTRA_CA_CERTS") {
+            return None;
+        }
+        let own = socket.parent()?;
+        let mounts: Vec<&PathBuf> = job.mounts.iter().filter(|m| m.as_path() != own).collect();
+        return granted_key(job, &mounts);
     }
     let forked = job
         .launcher
@@ -104,6 +207,20 @@ fn key(job: &Job) -> Option<String> {
     .ok()
 }
 
+/// The key of warm sandboxes built for granted runs like `job` (helper-built, whatever
+/// the language: a fork server's slots have no relay).
+fn granted_key(job: &Job, mounts: &[&PathBuf]) -> Option<String> {
+    serde_json::to_string(&(
+        "network",
+        &job.language,
+        &job.env,
+        &job.limits,
+        mounts,
+        &job.launcher,
+    ))
+    .ok()
+}
+
 /// The warm sandboxes of one key.
 struct KeyPool {
     template: Job,
@@ -113,6 +230,8 @@ struct KeyPool {
     filling: usize,
     /// The fork-server launcher serving this key, if any.
     fork_server: Option<&'static str>,
+    /// Sandboxes for granted runs: each gets a directory of this root ([`EgressDir`]).
+    egress_root: Option<PathBuf>,
     hits: u64,
     misses: u64,
     last_refill_ms: f64,
@@ -134,6 +253,9 @@ pub struct PoolStats {
     pub last_refill_ms: f64,
     /// Served by a fork server (false: each warm sandbox is built by its own helper).
     pub fork_server: bool,
+    /// Built for runs granted network (with their relay), on demand: none are kept until a
+    /// granted run misses.
+    pub network: bool,
     /// Builds that failed in a row; the pool retries after a delay that doubles each time.
     pub failed_in_row: u32,
     /// Why the last build failed, while builds are failing.
@@ -199,6 +321,7 @@ impl WarmPool {
                 ready: VecDeque::new(),
                 filling: 0,
                 fork_server,
+                egress_root: None,
                 hits: 0,
                 misses: 0,
                 last_refill_ms: 0.0,
@@ -208,6 +331,34 @@ impl WarmPool {
             },
         );
         self.top_up(&k);
+    }
+
+    /// Keep warm sandboxes like `template` for runs granted network, each with its relay and
+    /// a directory of `egress_root` (the egress proxy's runtime root). None are built until
+    /// a granted run misses (each miss raises the target, up to [`MAX_PER_KEY`]).
+    pub fn keep_for_network(self: &Arc<Self>, template: Job, egress_root: PathBuf) {
+        let mounts: Vec<&PathBuf> = template.mounts.iter().collect();
+        let Some(k) = granted_key(&template, &mounts) else {
+            return;
+        };
+        self.keys().insert(
+            k,
+            KeyPool {
+                template,
+                min: 0,
+                target: 0,
+                ready: VecDeque::new(),
+                filling: 0,
+                fork_server: None,
+                egress_root: Some(egress_root),
+                hits: 0,
+                misses: 0,
+                last_refill_ms: 0.0,
+                last_miss: None,
+                failed_in_row: 0,
+                last_error: None,
+            },
+        );
     }
 
     /// A warm sandbox for `job`: one that is ready, or, when the key's fork server is
@@ -307,23 +458,30 @@ impl WarmPool {
         if self.stopped.load(Ordering::Relaxed) {
             return;
         }
-        let (template, n, fork_server) = {
+        let (template, n, fork_server, egress_root) = {
             let mut keys = self.keys();
             let Some(pool) = keys.get_mut(k) else { return };
             let have = pool.ready.len() + pool.filling;
             let n = pool.target.saturating_sub(have);
             pool.filling += n;
-            (pool.template.clone(), n, pool.fork_server)
+            (
+                pool.template.clone(),
+                n,
+                pool.fork_server,
+                pool.egress_root.clone(),
+            )
         };
         for _ in 0..n {
             let pool = Arc::clone(self);
             let k = k.to_string();
             let template = template.clone();
+            let egress_root = egress_root.clone();
             rt.spawn(async move {
                 let t = Instant::now();
-                let built = match fork_server {
-                    Some(launcher) => pool.fork(&k, &template, launcher).await,
-                    None => {
+                let built = match (fork_server, egress_root) {
+                    (_, Some(root)) => pool.build_granted(&template, &root).await,
+                    (Some(launcher), None) => pool.fork(&k, &template, launcher).await,
+                    (None, None) => {
                         let pooled = Pooled {
                             launcher: template.launcher.clone(),
                             fork_server: false,
@@ -366,6 +524,26 @@ impl WarmPool {
                 }
             });
         }
+    }
+
+    /// A helper-built warm sandbox for granted runs: its relay waits for a socket in a
+    /// directory of its own.
+    async fn build_granted(
+        &self,
+        template: &Job,
+        root: &std::path::Path,
+    ) -> Result<Warm, gearbox_core::SandboxError> {
+        let dir = EgressDir::create(root).map_err(gearbox_core::SandboxError::Protocol)?;
+        let mut job = template.clone();
+        job.mounts.push(dir.0.clone());
+        job.egress = Some(dir.0.join("proxy.sock"));
+        let pooled = Pooled {
+            launcher: job.launcher.clone(),
+            fork_server: false,
+        };
+        let spec = spec_for(Mode::Linux, &job, Some(pooled));
+        let sp = spawn(&self.helper, &spec).await?;
+        Ok(Warm::Granted(sp, dir))
     }
 
     /// A slot of `k`'s fork server, starting the server when it is not running.
@@ -443,19 +621,23 @@ impl WarmPool {
         // helper killed instead (as dropping it does) could not.
         let mut helpers = Vec::new();
         for warm in ready {
-            match warm {
-                Warm::Forked(slot) => drop(slot),
-                Warm::Helper(Spawned {
-                    child,
-                    stdin,
-                    stdout,
-                    stderr,
-                    report,
-                }) => {
-                    drop(stdin);
-                    helpers.push((child, (stdout, stderr, report)));
+            let (sp, dir) = match warm {
+                Warm::Forked(slot) => {
+                    drop(slot);
+                    continue;
                 }
-            }
+                Warm::Helper(sp) => (sp, None),
+                Warm::Granted(sp, dir) => (sp, Some(dir)),
+            };
+            let Spawned {
+                child,
+                stdin,
+                stdout,
+                stderr,
+                report,
+            } = sp;
+            drop(stdin);
+            helpers.push((child, (stdout, stderr, report, dir)));
         }
         let fork_servers: Vec<Arc<ForkServer>> = self
             .fork_servers
@@ -489,11 +671,12 @@ impl WarmPool {
                 misses: s.misses,
                 last_refill_ms: s.last_refill_ms,
                 fork_server: s.fork_server.is_some(),
+                network: s.egress_root.is_some(),
                 failed_in_row: s.failed_in_row,
                 last_error: s.last_error.clone(),
             })
             .collect();
-        v.sort_by(|a, b| a.language.cmp(&b.language));
+        v.sort_by(|a, b| (&a.language, a.network).cmp(&(&b.language, b.network)));
         v
     }
 }

@@ -32,6 +32,7 @@ pub fn probe(helper: &Path, mode: Mode) -> BackendReport {
         },
         mounts: vec![],
         egress: None,
+        egress_env: Default::default(),
     };
     // Run on a private runtime in its own thread: callers may already be inside one.
     let result = std::thread::spawn(move || {

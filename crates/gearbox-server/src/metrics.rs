@@ -258,8 +258,9 @@ fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
         for s in pool {
             out.push_str(&format!(
-                "{name}{{language=\"{}\"}} {}\n",
+                "{name}{{language=\"{}\",network=\"{}\"}} {}\n",
                 s.language,
+                s.network,
                 value(s)
             ));
         }
@@ -313,16 +314,17 @@ mod tests {
             misses: 1,
             last_refill_ms: 12.5,
             fork_server: true,
+            network: false,
             failed_in_row: 0,
             last_error: None,
         }];
         let text = m.encode(&Limiter::new(2, 3), &pool);
         for needle in [
-            "gearbox_pool_ready{language=\"python\"} 2",
-            "gearbox_pool_hits_total{language=\"python\"} 5",
-            "gearbox_pool_misses_total{language=\"python\"} 1",
-            "gearbox_pool_refill_seconds{language=\"python\"} 0.0125",
-            "gearbox_pool_build_failures_in_row{language=\"python\"} 0",
+            "gearbox_pool_ready{language=\"python\",network=\"false\"} 2",
+            "gearbox_pool_hits_total{language=\"python\",network=\"false\"} 5",
+            "gearbox_pool_misses_total{language=\"python\",network=\"false\"} 1",
+            "gearbox_pool_refill_seconds{language=\"python\",network=\"false\"} 0.0125",
+            "gearbox_pool_build_failures_in_row{language=\"python\",network=\"false\"} 0",
         ] {
             assert!(text.contains(needle), "{needle} missing from {text}");
         }

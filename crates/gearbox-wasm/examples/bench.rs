@@ -28,6 +28,7 @@ fn job() -> Job {
         limits: Limits::default(),
         mounts: Vec::new(),
         egress: None,
+        egress_env: Default::default(),
     }
 }
 

@@ -309,6 +309,7 @@ fn probe_job() -> Job {
         },
         mounts: Vec::new(),
         egress: None,
+        egress_env: Default::default(),
     }
 }
 

@@ -37,6 +37,7 @@ fn job(code: &str) -> Job {
         },
         mounts: Vec::new(),
         egress: None,
+        egress_env: Default::default(),
     }
 }
 

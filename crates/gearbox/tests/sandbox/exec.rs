@@ -379,7 +379,7 @@ async fn warm_pool_serves_identical_runs_once_each() {
     let stats = engine.pool_stats();
     let py = stats
         .iter()
-        .find(|s| s.language == "python")
+        .find(|s| s.language == "python" && !s.network)
         .expect("python pool");
     assert!(py.hits >= 4, "{stats:?}");
     // As root (per-run cgroups), Python's warm sandboxes come from its fork server.
@@ -388,7 +388,7 @@ async fn warm_pool_serves_identical_runs_once_each() {
     }
     let sh = stats
         .iter()
-        .find(|s| s.language == "bash")
+        .find(|s| s.language == "bash" && !s.network)
         .expect("bash pool");
     assert!(sh.hits >= 1, "{stats:?}");
 }

@@ -76,7 +76,10 @@ async fn on(path: &str, engine: &Arc<Engine>, r: Run) -> Outcome {
     wait_warm(path, engine).await;
     if path.ends_with("-fork") {
         assert!(
-            engine.pool_stats().iter().all(|s| s.fork_server),
+            engine
+                .pool_stats()
+                .iter()
+                .all(|s| s.fork_server || s.network),
             "{path}: not a fork server: {:?}",
             engine.pool_stats()
         );
@@ -214,27 +217,65 @@ async fn a_granted_run_holds_only_stdio_and_cannot_forge_its_end() {
     }
 }
 
-/// A granted run never takes a warm sandbox or a fork server's slot (those have no relay
-/// and no proxy socket): with one ready, it still starts cold and gets its proxy.
+/// A granted run never takes a fork server's slot or a warm sandbox built without network
+/// (those have no relay): the first starts cold and gets its proxy; once a granted run has
+/// missed, the pool keeps a sandbox built for granted runs (helper-built, with its relay),
+/// and the next one is served by it, with a proxy of its own and a ledger all the same.
 #[tokio::test]
-async fn a_granted_run_is_never_served_warm() {
+async fn a_granted_run_is_served_warm_only_by_a_sandbox_built_for_it() {
     for language in ["python", "javascript"] {
         for (path, engine) in paths(language).into_iter().skip(1) {
             wait_warm(&path, &engine).await;
-            let hits = || engine.pool_stats().iter().map(|s| s.hits).sum::<u64>();
-            let before = hits();
-            let code = if language == "python" {
-                "import os; print(os.environ['HTTPS_PROXY'])"
-            } else {
-                "console.log(process.env.HTTPS_PROXY)"
+            let hits = |network: bool| {
+                engine
+                    .pool_stats()
+                    .iter()
+                    .filter(|s| s.network == network)
+                    .map(|s| s.hits)
+                    .sum::<u64>()
             };
-            let mut r = run(language, code);
-            r.req.network = gearbox_core::Network::Any;
-            let o = exec(&engine, r.req).await;
+            let before = hits(false);
+            let code = if language == "python" {
+                "import os; print(os.environ['HTTPS_PROXY'], os.environ['NO_PROXY'])"
+            } else {
+                "console.log(process.env.HTTPS_PROXY, process.env.NO_PROXY)"
+            };
+            let granted = || {
+                let mut req = run(language, code).req;
+                req.network = gearbox_core::Network::Any;
+                req
+            };
+            let o = exec(&engine, granted()).await;
             assert_eq!(o.status, Status::Ok, "{path}: {o:?}");
-            assert_eq!(o.stdout, "http://127.0.0.1:3128\n", "{path}: {o:?}");
+            assert_eq!(
+                o.stdout, "http://127.0.0.1:3128 localhost,127.0.0.1,::1\n",
+                "{path}: {o:?}"
+            );
             assert!(o.egress.is_some(), "{path}: {o:?}");
-            assert_eq!(hits(), before, "{path}: a granted run was served warm");
+            assert_eq!(hits(true), 0, "{path}: served warm with no sandbox kept");
+            // The miss made the pool keep one for granted runs.
+            let until = std::time::Instant::now() + Duration::from_secs(120);
+            while !engine.pool_stats().iter().any(|s| s.network && s.ready > 0) {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "{path}: no warm sandbox for granted runs: {:?}",
+                    engine.pool_stats()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let o = exec(&engine, granted()).await;
+            assert_eq!(o.status, Status::Ok, "{path}: {o:?}");
+            assert_eq!(
+                o.stdout, "http://127.0.0.1:3128 localhost,127.0.0.1,::1\n",
+                "{path}: {o:?}"
+            );
+            assert!(o.egress.is_some(), "{path}: {o:?}");
+            assert_eq!(hits(true), 1, "{path}: not served warm: {o:?}");
+            assert_eq!(
+                hits(false),
+                before,
+                "{path}: served by a sandbox without network"
+            );
         }
     }
 }

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::os::linux::net::SocketAddrExt;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use gearbox_core::{Network, Outcome, Status};
 use gearbox_engine::{Config, Engine};
@@ -22,33 +22,97 @@ use crate::support::{Run, is_root, run};
 const INET: &str = "198.51.100.254";
 const INET_HOST_SIDE: &str = "198.51.100.253/30";
 
+/// The names the proxy resolves for these tests.
+fn test_config() -> Config {
+    let mut config = Config::default();
+    config.pool.languages.clear();
+    let hosts: BTreeMap<String, IpAddr> = [
+        ("inet.test", INET),
+        ("other.test", INET),
+        ("private.test", "10.1.2.3"),
+        ("meta.test", "169.254.169.254"),
+    ]
+    .into_iter()
+    .map(|(h, a)| (h.to_string(), a.parse().expect("address")))
+    .collect();
+    config.network.hosts = hosts;
+    config
+}
+
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let mut config = Config::default();
-        config.pool.languages.clear();
-        let hosts: BTreeMap<String, IpAddr> = [
-            ("inet.test", INET),
-            ("other.test", INET),
-            ("private.test", "10.1.2.3"),
-            ("meta.test", "169.254.169.254"),
-        ]
-        .into_iter()
-        .map(|(h, a)| (h.to_string(), a.parse().expect("address")))
-        .collect();
-        config.network.hosts = hosts;
         let _guard = crate::support::runtime().enter();
-        Engine::new(config, crate::support::gearbox_bin())
+        Engine::new(test_config(), crate::support::gearbox_bin())
     })
 }
 
 async fn go(r: Run, network: Network) -> Outcome {
+    on_path(engine(), test_config, r, network).await
+}
+
+/// With `GEARBOX_TEST_POOL` (the suite's pooled pass), the warm path: an engine of its own
+/// keeps warm sandboxes of the run's language, and a run that can be served warm (no
+/// variables or limits of its own) must be: a granted run by a sandbox built for granted
+/// runs (one granted run misses first, which makes the pool keep one), any other by the
+/// fork server or warm pool. Otherwise, `cold` serves it.
+async fn on_path(
+    cold: &'static Engine,
+    config: fn() -> Config,
+    r: Run,
+    network: Network,
+) -> Outcome {
     let mut req = r.req;
     req.network = network;
-    crate::support::runtime()
-        .spawn(engine().execute(req, None))
-        .await
-        .expect("run task")
+    let exec = |engine: Arc<Engine>, req: gearbox_core::ExecRequest| async move {
+        crate::support::runtime()
+            .spawn(async move { engine.execute(req, None).await })
+            .await
+            .expect("run task")
+    };
+    if std::env::var_os("GEARBOX_TEST_POOL").is_none() {
+        return crate::support::runtime()
+            .spawn(cold.execute(req, None))
+            .await
+            .expect("run task");
+    }
+    let language = req.language.clone();
+    let mut c = config();
+    c.pool.languages = [(language.clone(), 1)].into();
+    let engine = {
+        let _guard = crate::support::runtime().enter();
+        Arc::new(Engine::new(c, crate::support::gearbox_bin()))
+    };
+    let granted = req.network.is_on();
+    let warm = req.env.is_empty() && req.limits == Default::default();
+    let stats = |e: &Engine| {
+        e.pool_stats()
+            .into_iter()
+            .find(|s| s.language == language && s.network == granted)
+    };
+    if warm {
+        if granted {
+            let mut first = run(&language, "").req;
+            first.network = Network::Any;
+            exec(engine.clone(), first).await;
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while stats(&engine).is_none_or(|s| s.ready == 0) {
+            assert!(
+                std::time::Instant::now() < until,
+                "no warm sandbox: {:?}",
+                engine.pool_stats()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    let before = stats(&engine).map(|s| s.hits).unwrap_or_default();
+    let o = exec(engine.clone(), req).await;
+    if warm {
+        let after = stats(&engine).map(|s| s.hits).unwrap_or_default();
+        assert_eq!(after, before + 1, "not served warm: {o:?}");
+    }
+    o
 }
 
 fn hosts(list: &[&str]) -> Network {
@@ -523,43 +587,43 @@ fn secret_value() -> &'static str {
 /// An engine with one secret, `INET_TOKEN`, for `inet.test` and `wrongname.test` (a name
 /// the stand-in server's certificate does not carry), presented as `Authorization: Bearer`.
 /// The proxy trusts the stand-in internet's CA upstream (`extra_roots`).
-fn secret_engine(net: &Internet) -> &'static Engine {
+fn secret_engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let file = net.dir.join("secret");
-        std::fs::write(&file, format!("{}\n", secret_value())).expect("secret file");
-        let mut config = Config::default();
-        config.pool.languages.clear();
-        config.network.hosts = [
-            ("inet.test", INET),
-            ("other.test", INET),
-            ("wrongname.test", INET),
-        ]
-        .into_iter()
-        .map(|(h, a)| (h.to_string(), a.parse().expect("address")))
-        .collect();
-        config.network.extra_roots = vec![net.dir.join("ca.pem")];
-        config.secrets = vec![gearbox_engine::gearbox_egress::SecretConfig {
-            name: "INET_TOKEN".into(),
-            value_env: None,
-            value_file: Some(file),
-            hosts: vec!["inet.test".into(), "wrongname.test".into()],
-            header: Some("Authorization".into()),
-            format: Some("Bearer {value}".into()),
-        }];
         let _guard = crate::support::runtime().enter();
-        Engine::new(config, crate::support::gearbox_bin())
+        Engine::new(secret_config(), crate::support::gearbox_bin())
     })
 }
 
-async fn go_secret(net: &Internet, r: Run, network: Network) -> Outcome {
-    let mut req = r.req;
-    req.network = network;
-    let engine = secret_engine(net);
-    crate::support::runtime()
-        .spawn(engine.execute(req, None))
-        .await
-        .expect("run task")
+fn secret_config() -> Config {
+    let net = internet().expect("the stand-in internet");
+    let file = net.dir.join("secret");
+    if !file.exists() {
+        std::fs::write(&file, format!("{}\n", secret_value())).expect("secret file");
+    }
+    let mut config = test_config();
+    config.network.hosts = [
+        ("inet.test", INET),
+        ("other.test", INET),
+        ("wrongname.test", INET),
+    ]
+    .into_iter()
+    .map(|(h, a)| (h.to_string(), a.parse().expect("address")))
+    .collect();
+    config.network.extra_roots = vec![net.dir.join("ca.pem")];
+    config.secrets = vec![gearbox_engine::gearbox_egress::SecretConfig {
+        name: "INET_TOKEN".into(),
+        value_env: None,
+        value_file: Some(file),
+        hosts: vec!["inet.test".into(), "wrongname.test".into()],
+        header: Some("Authorization".into()),
+        format: Some("Bearer {value}".into()),
+    }];
+    config
+}
+
+async fn go_secret(_net: &Internet, r: Run, network: Network) -> Outcome {
+    on_path(secret_engine(), secret_config, r, network).await
 }
 
 /// The `Authorization` header the stand-in server received with `/log/{id}`.
