@@ -6,7 +6,10 @@
 1. Start-up: `gearbox run` of a Python `print(1)` without network, and the same granted
    network (`--network=inet.test`): median and p90 wall time, the difference and the ratio.
    Runs are interleaved so machine noise hits both alike.
-2. Throughput: a file of `--mb` MiB fetched over HTTP from a server in a network namespace
+2. Start-up through MCP (`gearbox serve` over stdio, gear full_trust): warm `execute_code`
+   of `print(1)` without network (the fork server) and granted (a warm sandbox kept for
+   granted runs, after a first granted call that misses), interleaved.
+3. Throughput: a file of `--mb` MiB fetched over HTTP from a server in a network namespace
    (veth, 198.51.100.250 in a /30), directly by the host's Python and through a granted run's relay and
    egress proxy; MB/s each and the ratio. Both figures time the fetch alone (the sandboxed
    one is measured by the program itself), so neither includes an interpreter's start.
@@ -16,6 +19,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -85,6 +89,40 @@ def main():
             print(f"| {name} | {statistics.median(xs):.1f} | {pct(xs, 90):.1f} |")
         d = statistics.median(granted) - statistics.median(plain)
         print(f"\nadded by the grant: {d:+.1f} ms median ({statistics.median(granted) / statistics.median(plain):.2f}x)\n")
+
+        # Through the MCP server: a granted run is served by a warm sandbox kept for granted
+        # runs (after the first, which misses), an ungranted one by the fork server.
+        sys.path.insert(0, str(Path(__file__).parent))
+        from warm_pool import Rpc
+        (tmp / "serve.toml").write_text('gear = "full_trust"\n\n' + (tmp / "gearbox.toml").read_text())
+        rpc = Rpc(a.gearbox, str(tmp / "serve.toml"))
+        try:
+            def call(network):
+                args = {"language": "python", "code": "print(1)"}
+                if network:
+                    args["network"] = ["inet.test"]
+                t = time.perf_counter()
+                sc = rpc.request("tools/call", {"name": "execute_code", "arguments": args})["structuredContent"]
+                ms = (time.perf_counter() - t) * 1000
+                assert sc["status"] == "ok" and sc["stdout"].strip() == "1", sc
+                assert bool(sc.get("egress")) == network, sc
+                return ms
+            first = call(True)
+            time.sleep(1)
+            warm_plain, warm_granted = [], []
+            for _ in range(a.n):
+                warm_plain.append(call(False))
+                warm_granted.append(call(True))
+                time.sleep(0.02)
+        finally:
+            rpc.close()
+        print(f"## start-up through MCP (execute_code print(1), warm), n={a.n}\n")
+        print("| run | median ms | p90 ms |\n|---|---|---|")
+        print(f"| no network (fork server) | {statistics.median(warm_plain):.1f} | {pct(warm_plain, 90):.1f} |")
+        print(f"| network granted (warm sandbox for granted runs) | {statistics.median(warm_granted):.1f} | {pct(warm_granted, 90):.1f} |")
+        print(f"| first granted call (cold: the pool keeps none until one misses) | {first:.1f} | |")
+        d = statistics.median(warm_granted) - statistics.median(warm_plain)
+        print(f"\nadded by the grant, warm: {d:+.1f} ms median\n")
 
         t = time.perf_counter()
         n = len(DIRECT.open(f"http://{INET}/blob", timeout=60).read())
