@@ -10,10 +10,12 @@
 //! the outcome's `egress`. See docs/NETWORK.md.
 
 pub mod addr;
+mod ca;
 mod config;
 mod intercept;
 mod proxy;
 mod secrets;
+mod state;
 
 pub use config::NetworkConfig;
 pub use proxy::{Egress, RunEgress};

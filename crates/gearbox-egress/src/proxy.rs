@@ -10,52 +10,32 @@
 //! - Anything refused gets `403` naming the host and the rule, and lands in the run's
 //!   ledger; what passes is counted there (requests, bytes each way).
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use gearbox_core::rundir::{RunAccess, reachable_by_sandbox};
-use gearbox_core::{EGRESS_PROXY_PORT, EgressHost, EgressLedger, EgressRefusal, Network};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use gearbox_core::{EGRESS_PROXY_PORT, EgressLedger, Network};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use ipnet::IpNet;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::NetworkConfig;
-use crate::intercept::RunCa;
-use crate::secrets::{RunSecrets, Secret, SecretConfig};
+use crate::ca::RunCa;
+use crate::secrets::{RunSecrets, SecretConfig};
+use crate::state::{Body, Book, BoxError, Counted, RunState, Settings, text};
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub(crate) type Body = BoxBody<Bytes, BoxError>;
-
-/// Hosts listed one by one in a ledger; the rest are summed under `(other hosts)`.
-const MAX_LEDGER_HOSTS: usize = 64;
-/// Refusals listed one by one; `refused_total` counts them all.
-const MAX_LEDGER_REFUSALS: usize = 64;
 /// Most bytes of a TLS ClientHello read before deciding on its server name.
 const MAX_CLIENT_HELLO: usize = 16 * 1024;
-
-pub(crate) struct Settings {
-    pub(crate) config: NetworkConfig,
-    allow_private: Vec<IpNet>,
-    root: PathBuf,
-    /// `[[secrets]]`, read when the server starts.
-    secrets: Vec<Secret>,
-    /// The client side of connections re-encrypted for a secret (none without secrets).
-    pub(crate) upstream_tls: Option<Arc<rustls::ClientConfig>>,
-}
 
 /// The proxy of one server: opens a listener per granted run.
 #[derive(Clone)]
@@ -82,7 +62,7 @@ impl Egress {
         let upstream_tls = if secrets.is_empty() {
             None
         } else {
-            Some(crate::intercept::upstream_config(&config.extra_roots)?)
+            Some(crate::ca::upstream_config(&config.extra_roots)?)
         };
         Ok(Egress {
             settings: Arc::new(Settings {
@@ -161,7 +141,7 @@ impl Egress {
             .restrict(&run.dir, 0o700)
             .map_err(|e| format!("restricting {}: {e}", run.dir.display()))?;
         if let Some(ca) = &run.state.ca {
-            let trust = crate::intercept::write_trust(&run.dir, ca)?;
+            let trust = crate::ca::write_trust(&run.dir, ca)?;
             for file in ["ca.pem", "trust.pem"] {
                 let path = run.dir.join(file);
                 access
@@ -263,30 +243,7 @@ fn proxy_env() -> Vec<(String, String)> {
     env
 }
 
-pub(crate) struct RunState {
-    grant: Network,
-    pub(crate) settings: Arc<Settings>,
-    ledger: Mutex<Book>,
-    /// Connections open at once (`max_connections`): each accepted connection holds one,
-    /// and a tunnel takes over its connection's.
-    permits: Arc<Semaphore>,
-    pub(crate) stop: tokio_util::sync::CancellationToken,
-    /// The run's secrets with their placeholders, and the CA that signs for their hosts.
-    pub(crate) secrets: Option<RunSecrets>,
-    pub(crate) ca: Option<RunCa>,
-}
-
 impl RunState {
-    pub(crate) fn book(&self) -> std::sync::MutexGuard<'_, Book> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn refuse(&self, host: &str, port: u16, reason: &str) {
-        tracing::info!(host, port, reason, "egress refused");
-        self.book()
-            .refused(format!("{host}:{port}"), reason.to_string());
-    }
-
     /// Decide on `host:port` and connect to a checked address of it.
     async fn connect(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
         if !self.grant.admits(host, port) {
@@ -414,20 +371,6 @@ async fn connection(stream: UnixStream, state: Arc<RunState>, permit: OwnedSemap
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades()
         .await;
-}
-
-pub(crate) fn text(status: StatusCode, body: String) -> Response<Body> {
-    let mut r = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
 }
 
 fn refused(state: &RunState, host: &str, port: u16, why: Refusal) -> Response<Body> {
@@ -668,133 +611,10 @@ fn server_name(bytes: &[u8]) -> Hello {
     }
 }
 
-/// A stream that counts the bytes written to it (up) and read from it (down).
-pub(crate) struct Counted<S> {
-    pub(crate) inner: S,
-    pub(crate) bytes: Arc<HostBytes>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        self.bytes.down.fetch_add(n as u64, Ordering::Relaxed);
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = &r {
-            self.bytes.up.fetch_add(*n as u64, Ordering::Relaxed);
-        }
-        r
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Bytes of one host, counted as they pass (a run's end reads them, whatever is in flight).
-#[derive(Default)]
-pub(crate) struct HostBytes {
-    up: AtomicU64,
-    down: AtomicU64,
-}
-
-/// The ledger as it fills.
-pub(crate) struct Book {
-    granted: Vec<String>,
-    hosts: Vec<(String, u64, Arc<HostBytes>)>,
-    index: HashMap<String, usize>,
-    refused: Vec<EgressRefusal>,
-    refused_total: u64,
-}
-
-impl Book {
-    fn new(grant: &Network) -> Book {
-        Book {
-            granted: grant.patterns(),
-            hosts: Vec::new(),
-            index: HashMap::new(),
-            refused: Vec::new(),
-            refused_total: 0,
-        }
-    }
-
-    /// Count one request (or tunnel) to `key`; returns the host's byte counters.
-    pub(crate) fn request(&mut self, key: &str) -> Arc<HostBytes> {
-        let (i, bytes) = self.entry(key);
-        self.hosts[i].1 += 1;
-        bytes
-    }
-
-    /// The byte counters of `key`, counting no request (a connection whose requests are
-    /// counted one by one as they pass).
-    pub(crate) fn counters(&mut self, key: &str) -> Arc<HostBytes> {
-        self.entry(key).1
-    }
-
-    fn entry(&mut self, key: &str) -> (usize, Arc<HostBytes>) {
-        let key = if self.index.contains_key(key) || self.index.len() < MAX_LEDGER_HOSTS {
-            key
-        } else {
-            "(other hosts)"
-        };
-        let i = match self.index.get(key) {
-            Some(&i) => i,
-            None => {
-                self.hosts
-                    .push((key.to_string(), 0, Arc::new(HostBytes::default())));
-                self.index.insert(key.to_string(), self.hosts.len() - 1);
-                self.hosts.len() - 1
-            }
-        };
-        (i, self.hosts[i].2.clone())
-    }
-
-    fn refused(&mut self, host: String, reason: String) {
-        self.refused_total += 1;
-        if self.refused.len() < MAX_LEDGER_REFUSALS {
-            self.refused.push(EgressRefusal { host, reason });
-        }
-    }
-
-    fn snapshot(&self) -> EgressLedger {
-        EgressLedger {
-            granted: self.granted.clone(),
-            hosts: self
-                .hosts
-                .iter()
-                .map(|(host, requests, b)| EgressHost {
-                    host: host.clone(),
-                    requests: *requests,
-                    bytes_up: b.up.load(Ordering::Relaxed),
-                    bytes_down: b.down.load(Ordering::Relaxed),
-                })
-                .collect(),
-            refused: self.refused.clone(),
-            refused_total: self.refused_total,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::{MAX_LEDGER_HOSTS, MAX_LEDGER_REFUSALS};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn egress(max_connections: usize) -> (Egress, PathBuf) {
