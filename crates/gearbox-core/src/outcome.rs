@@ -87,6 +87,10 @@ pub struct Outcome {
     /// A granted run's traffic as the egress proxy saw it: hosts reached, bytes, refusals.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::EgressLedger>,
+    /// A live session's cell: `repr` of the value of its last bare expression (as a notebook
+    /// shows a cell's result), when there is one and it is not None.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
 }
 
 impl Outcome {
@@ -115,6 +119,7 @@ impl Outcome {
             language: language.to_string(),
             backend: backend.to_string(),
             egress: None,
+            result: None,
         }
     }
 
@@ -142,6 +147,11 @@ impl Outcome {
         text.push_str("--- stderr ---\n");
         text.push_str(&self.stderr);
         if !self.stderr.is_empty() && !self.stderr.ends_with('\n') {
+            text.push('\n');
+        }
+        if let Some(result) = &self.result {
+            text.push_str("--- result ---\n");
+            text.push_str(result);
             text.push('\n');
         }
         text
@@ -179,6 +189,7 @@ mod tests {
             language: "python".into(),
             backend: "linux".into(),
             egress: None,
+            result: None,
         }
     }
 

@@ -296,6 +296,7 @@ impl DockerSandbox {
             language: job.language.clone(),
             backend: BackendKind::Docker.as_str().to_string(),
             egress: None,
+            result: None,
         };
         if timed_out {
             outcome.status = Status::Timeout;

@@ -121,6 +121,12 @@ pub struct SessionsConfig {
     pub max_files: usize,
     /// Most sessions open at once (count). Default 32.
     pub max_sessions: usize,
+    /// Most live sessions (`exec_open` with `stateful: true`: an interpreter kept running in
+    /// a sandbox of its own) at once. Default 4.
+    pub live_max: usize,
+    /// Seconds a live session's interpreter may live, used or not; then its sandbox ends
+    /// (the session's idle expiry, `ttl_secs`, ends it earlier). Default 3600.
+    pub live_max_age_secs: u64,
 }
 
 impl Default for SessionsConfig {
@@ -131,6 +137,8 @@ impl Default for SessionsConfig {
             quota_mb: 64,
             max_files: 3000,
             max_sessions: 32,
+            live_max: 4,
+            live_max_age_secs: 3600,
         }
     }
 }

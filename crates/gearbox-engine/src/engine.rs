@@ -46,6 +46,8 @@ pub struct LanguageInfo {
 
 pub struct Engine {
     config: Config,
+    /// The helper binary (live sessions spawn it themselves).
+    helper: PathBuf,
     pool: Arc<WarmPool>,
     pool_started: std::sync::Once,
     languages: LanguageTable,
@@ -63,6 +65,7 @@ impl Engine {
         let mut languages = LanguageTable::builtin();
         languages.merge(config.languages.clone());
         let mut backends: HashMap<BackendKind, Arc<dyn Sandbox>> = HashMap::new();
+        let helper_path = helper.clone();
         let linux = LinuxSandbox::new(helper.clone());
         let pool = linux.pool();
         backends.insert(BackendKind::Linux, Arc::new(linux));
@@ -80,6 +83,7 @@ impl Engine {
         let egress = gearbox_egress::Egress::new(config.network.clone(), &config.secrets)
             .map_err(|e| format!("no egress proxy: {e}"));
         let engine = Engine {
+            helper: helper_path,
             egress,
             packages,
             config,
@@ -288,6 +292,42 @@ impl Engine {
         // whatever they say, the proxy is the only way out.
         job.egress_env = run.env().iter().cloned().collect();
         Ok(Some(run))
+    }
+
+    /// The canonical name of a language (`py` → `python`), as runs are matched on it.
+    pub fn normalize_language(&self, raw: &str) -> Result<String, String> {
+        self.languages.normalize(raw)
+    }
+
+    /// Open a live session's interpreter: `language`'s live launcher in a sandbox of its own
+    /// with the configured limits, the wall clock being `[sessions] live_max_age_secs`. Only
+    /// on the linux backend (a live session needs the helper's sandbox).
+    pub async fn open_live(&self, language: &str) -> Result<gearbox_sandbox::live::Live, String> {
+        if self.config.backend != BackendKind::Linux {
+            return Err(format!(
+                "live sessions run on the linux backend; this server's is {}",
+                self.config.backend
+            ));
+        }
+        let name = self.languages.normalize(language)?;
+        let resolved = self.resolve(&name)?;
+        let template = ExecRequest {
+            language: name,
+            ..Default::default()
+        };
+        let mut job = Job::build(&template, &resolved, &self.config.limits)?;
+        job.files.clear();
+        let age_ms = self
+            .config
+            .sessions
+            .live_max_age_secs
+            .max(1)
+            .saturating_mul(1000);
+        job.limits.timeout_ms = age_ms;
+        job.limits.cpu_ms = 0;
+        gearbox_sandbox::live::Live::open(&self.helper, job)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Run a request to completion. Every failure is an outcome: refusals are `denied`,

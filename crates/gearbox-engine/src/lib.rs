@@ -18,4 +18,5 @@ pub use engine::{Engine, LanguageInfo};
 pub use gearbox_egress;
 pub use gearbox_packages;
 pub use gearbox_sandbox::PoolStats;
+pub use gearbox_sandbox::live;
 pub use packages::Packages;

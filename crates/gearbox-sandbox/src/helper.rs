@@ -74,6 +74,7 @@ pub(crate) fn spec_for(mode: Mode, job: &Job, pooled: Option<Pooled>) -> JailSpe
         parent_pid: std::process::id() as i32,
         pooled,
         collect: None,
+        live: None,
     }
 }
 
@@ -373,6 +374,7 @@ pub(crate) fn build_outcome(
             Mode::Process => "process".into(),
         },
         egress: None,
+        result: None,
     })
 }
 
@@ -385,7 +387,7 @@ pub(crate) async fn run_helper(
 }
 
 /// Decide the status of a run that started.
-fn classify(r: &JailReport, limits: &gearbox_core::Limits) -> (Status, Option<String>) {
+pub(crate) fn classify(r: &JailReport, limits: &gearbox_core::Limits) -> (Status, Option<String>) {
     if r.timed_out {
         return (
             Status::Timeout,

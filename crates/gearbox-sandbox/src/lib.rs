@@ -13,6 +13,7 @@ mod cgroup;
 mod fork_server;
 mod helper;
 mod jail;
+pub mod live;
 mod pool;
 mod probe;
 mod restriction;

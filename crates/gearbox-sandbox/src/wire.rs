@@ -58,6 +58,10 @@ pub struct JailSpec {
     /// Bring back the workspace's regular files after the program exits (session runs).
     #[serde(default)]
     pub collect: Option<CollectLimits>,
+    /// A live session: the built-in launcher (`python-live`) written at the launcher's path
+    /// for the program (`argv`) to run (`live.rs`).
+    #[serde(default)]
+    pub live: Option<String>,
 }
 
 /// How a warm sandbox waits for its program.
@@ -356,6 +360,7 @@ mod proptests {
                             max_files,
                             max_bytes,
                         }),
+                        live: None,
                     };
                     (spec, files.into_iter().map(|(_, c)| c).collect())
                 },

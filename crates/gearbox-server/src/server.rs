@@ -490,7 +490,7 @@ impl GearboxServer {
                 .into());
         }
         if kind == ToolKind::Session
-            && let Some(answer) = crate::sessions::answer(engine, &request)
+            && let Some(answer) = crate::sessions::answer(engine, &request).await
         {
             return Ok(answer);
         }
@@ -725,7 +725,7 @@ impl ServerHandler for GearboxServer {
         } else if crate::sessions::is_session_uri(uri)
             && self.inner.profiles.contains(&ToolProfile::Sessions)
         {
-            crate::sessions::read_resource(&self.inner.engine, uri)?
+            crate::sessions::read_resource(&self.inner.engine, uri).await?
         } else {
             resources::read_snippets(&self.inner.engine, uri)?
         };

@@ -42,10 +42,18 @@ pub const MAX_ARTIFACT_BYTES: u64 = 1024 * 1024;
 /// Most session files `resources/list` names (the template reaches all of them).
 const MAX_LISTED_FILES: usize = 500;
 
-/// Arguments of `exec_open`: none.
+/// Arguments of `exec_open`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ExecOpenArgs {}
+pub struct ExecOpenArgs {
+    /// Keep a live interpreter for the session (default false: each run is a fresh
+    /// sandbox over the session's files). Variables, imports, open files and the working
+    /// directory then persist from one exec_run to the next, and the value of a cell's last
+    /// bare expression comes back as `result`. Needs `language`.
+    pub stateful: Option<bool>,
+    /// The live interpreter's language (`python`), with `stateful: true`.
+    pub language: Option<String>,
+}
 
 /// Arguments of `exec_close`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -82,6 +90,9 @@ pub struct Opened {
     pub expires_at: Option<String>,
     pub quota_bytes: u64,
     pub max_files: usize,
+    /// A live session: its interpreter's language (absent for a session of files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<String>,
 }
 
 /// What a session run adds to the outcome.
@@ -198,7 +209,11 @@ pub fn tools(execute_code: &Tool) -> Vec<Tool> {
          of the session left in /work are there, and the files this run leaves are kept for \
          the next. Arguments as execute_code, plus session_id. Returns the outcome plus \
          files_changed (created, modified, deleted: path, size, sha256). A run that times \
-         out leaves the workspace as it was.",
+         out leaves the workspace as it was. In a live session (exec_open with stateful: \
+         true) the code runs as the next cell of the session's interpreter instead: \
+         variables, imports and open files persist, and the value of a last bare expression \
+         comes back as `result`; a cell past timeout_ms is interrupted and the session goes \
+         on.",
     )
     .with_annotations(annotations("Run code in a session", false, false));
     run.input_schema = Arc::new(run_schema);
@@ -208,9 +223,11 @@ pub fn tools(execute_code: &Tool) -> Vec<Tool> {
             EXEC_OPEN,
             "Open a session",
             "Open a session: a workspace whose files persist across exec_run calls (each run \
-             is still a fresh sandbox). Returns session_id, the workspace path, expires_at \
-             (idle sessions expire; each run renews it) and the quota. Close it with \
-             exec_close.",
+             is still a fresh sandbox). With stateful: true and language: python, the session \
+             instead keeps a live interpreter in a sandbox of its own, so variables and imports \
+             persist from one exec_run to the next (like notebook cells). Returns session_id, \
+             the workspace path, expires_at (idle sessions expire; each run renews it) and the \
+             quota. Close it with exec_close.",
         )
         .with_input_schema::<ExecOpenArgs>()
         .with_output_schema::<Opened>()
@@ -266,7 +283,7 @@ fn file_uri(id: &SessionId, path: &str) -> String {
 
 /// Answer `exec_open`, `exec_close` or `exec_get_artifact` (none of them runs code); `None`
 /// for any other tool. Only called for tools this server exposes.
-pub fn answer(engine: &Engine, request: &CallToolRequestParams) -> Option<CallToolResponse> {
+pub async fn answer(engine: &Engine, request: &CallToolRequestParams) -> Option<CallToolResponse> {
     let name: &str = &request.name;
     let args = request.arguments.as_ref();
     if ![EXEC_OPEN, EXEC_CLOSE, EXEC_GET_ARTIFACT].contains(&name) {
@@ -279,6 +296,10 @@ pub fn answer(engine: &Engine, request: &CallToolRequestParams) -> Option<CallTo
     Some(match name {
         EXEC_OPEN => match parse::<ExecOpenArgs>(args) {
             Err(e) => tool_error(e),
+            Ok(a) if a.stateful == Some(true) => open_live(engine, &store, a).await,
+            Ok(a) if a.language.is_some() => {
+                tool_error("language: only with stateful: true (a live session)")
+            }
             Ok(_) => match store.create() {
                 Err(e) => tool_error(e.to_string()),
                 Ok(info) => {
@@ -288,6 +309,7 @@ pub fn answer(engine: &Engine, request: &CallToolRequestParams) -> Option<CallTo
                         expires_at: info.expires_at.clone(),
                         quota_bytes: info.quota_bytes,
                         max_files: info.max_files,
+                        live: None,
                     };
                     let text = format!(
                         "session {} opened: workspace {}, expires {} unless used, quota {} bytes",
@@ -306,6 +328,9 @@ pub fn answer(engine: &Engine, request: &CallToolRequestParams) -> Option<CallTo
                 Err(e) => tool_error(e),
                 Ok(id) => {
                     let persist = a.persist.unwrap_or(false);
+                    if let Some(live) = live_sessions().remove(&id) {
+                        live.lock().await.end().await;
+                    }
                     match store.close(&id, persist) {
                         Err(e) => tool_error(e.to_string()),
                         Ok(info) => ok(
@@ -422,6 +447,9 @@ pub async fn run(
     req: ExecRequest,
     backend: Option<BackendKind>,
 ) -> (Outcome, RunReport) {
+    if let Some(live) = live_sessions().get(&scope.id) {
+        return run_live(engine, scope, &live, req).await;
+    }
     let backend_name = backend.unwrap_or(engine.config().backend).to_string();
     let mut report = RunReport {
         session_id: scope.id.to_string(),
@@ -598,14 +626,17 @@ fn parse_uri(uri: &str) -> Result<(SessionId, Option<String>), String> {
 
 /// `resources/read` of `gearbox://sessions/{id}/files/{path}` (and `gearbox://sessions/{id}`
 /// for the manifest).
-pub fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceResult, McpError> {
+pub async fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceResult, McpError> {
     let not_found = |m: String| McpError::resource_not_found(m, Some(json!({ "uri": uri })));
     let store = store(engine).map_err(not_found)?;
     let (id, path) = parse_uri(uri).map_err(not_found)?;
     match path {
         None => {
             let files = store.files(&id).map_err(|e| not_found(e.to_string()))?;
-            let body = json!({ "session_id": id.to_string(), "files": files });
+            let mut body = json!({ "session_id": id.to_string(), "files": files });
+            if let Some(live) = live_state(&id).await {
+                body["live"] = live;
+            }
             Ok(ReadResourceResult::new(vec![
                 ResourceContents::text(body.to_string(), uri).with_mime_type("application/json"),
             ]))
@@ -849,4 +880,260 @@ mod proptests {
             prop_assert_eq!(parse_uri(&file_uri(&id, &path)), Ok((id, Some(path.clone()))));
         }
     }
+}
+
+// Live sessions: an interpreter kept running in a sandbox of its own.
+
+/// A live session's interpreter, or why it ended.
+pub struct LiveSession {
+    live: Option<gearbox_engine::live::Live>,
+    language: String,
+    opened_at: std::time::SystemTime,
+}
+
+impl LiveSession {
+    /// End it now (its sandbox is killed).
+    async fn end(&mut self) {
+        if let Some(live) = self.live.take() {
+            live.close().await;
+        }
+    }
+}
+
+/// The live sessions of this process, by session id (their files are in the store like any
+/// session's: the store says when one expired or was closed).
+#[derive(Default)]
+pub struct LiveSessions {
+    map: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<LiveSession>>>>,
+}
+
+impl LiveSessions {
+    fn get(&self, id: &SessionId) -> Option<Arc<tokio::sync::Mutex<LiveSession>>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn remove(&self, id: &SessionId) -> Option<Arc<tokio::sync::Mutex<LiveSession>>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+    }
+
+    fn count(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn ids(&self) -> Vec<SessionId> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+}
+
+/// The live sessions of this process.
+pub fn live_sessions() -> &'static LiveSessions {
+    static LIVE: OnceLock<LiveSessions> = OnceLock::new();
+    LIVE.get_or_init(LiveSessions::default)
+}
+
+/// Every two seconds, end the live sessions whose session expired or was closed.
+fn start_reaper(store: Arc<SessionStore>) {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                for id in live_sessions().ids() {
+                    let gone = match store.info(&id) {
+                        Ok(info) => info.closed,
+                        Err(_) => true,
+                    };
+                    if gone && let Some(live) = live_sessions().remove(&id) {
+                        tracing::info!(session = %id, "live session expired; its sandbox ends");
+                        live.lock().await.end().await;
+                    }
+                }
+            }
+        });
+    });
+}
+
+async fn open_live(
+    engine: &Engine,
+    store: &Arc<SessionStore>,
+    a: ExecOpenArgs,
+) -> CallToolResponse {
+    let Some(language) = a.language else {
+        return tool_error(
+            "language: a live session (stateful: true) needs its language, e.g. python",
+        );
+    };
+    let max = engine.config().sessions.live_max.max(1);
+    if live_sessions().count() >= max {
+        return tool_error(format!(
+            "at most {max} live sessions may be open at once ([sessions] live_max); close one with exec_close"
+        ));
+    }
+    let info = match store.create() {
+        Ok(i) => i,
+        Err(e) => return tool_error(e.to_string()),
+    };
+    let id = match SessionId::parse("session_id", &info.session_id) {
+        Ok(id) => id,
+        Err(e) => return tool_error(e),
+    };
+    let live = match engine.open_live(&language).await {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = store.close(&id, false);
+            return tool_error(format!("the live session could not start: {e}"));
+        }
+    };
+    let language = live.language().to_string();
+    live_sessions()
+        .map
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            id,
+            Arc::new(tokio::sync::Mutex::new(LiveSession {
+                live: Some(live),
+                language: language.clone(),
+                opened_at: std::time::SystemTime::now(),
+            })),
+        );
+    start_reaper(store.clone());
+    let opened = Opened {
+        session_id: info.session_id.clone(),
+        workspace: info.workspace.clone(),
+        expires_at: info.expires_at.clone(),
+        quota_bytes: info.quota_bytes,
+        max_files: info.max_files,
+        live: Some(language.clone()),
+    };
+    let text = format!(
+        "live {language} session {} opened: variables persist across exec_run calls; expires {} unless used, and after {} s in any case",
+        opened.session_id,
+        opened.expires_at.as_deref().unwrap_or("never"),
+        engine.config().sessions.live_max_age_secs
+    );
+    ok(serde_json::to_value(&opened).unwrap_or_default(), text)
+}
+
+/// Run `req`'s code as the next cell of a live session.
+async fn run_live(
+    engine: &Engine,
+    scope: &SessionRun,
+    live: &Arc<tokio::sync::Mutex<LiveSession>>,
+    req: ExecRequest,
+) -> (Outcome, RunReport) {
+    let report = RunReport {
+        session_id: scope.id.to_string(),
+        note: Some("live session: variables and files stay in its interpreter's sandbox".into()),
+        ..Default::default()
+    };
+    let mut session = live.lock().await;
+    let refuse = |why: String| (Outcome::denied(&req.language, "linux", why), report.clone());
+    let wanted = engine
+        .normalize_language(&req.language)
+        .unwrap_or_else(|_| req.language.clone());
+    if wanted != session.language {
+        return refuse(format!(
+            "language: this live session runs {}, not {}",
+            session.language, req.language
+        ));
+    }
+    if !req.files.is_empty() || !req.args.is_empty() || !req.stdin.is_empty() {
+        return refuse(
+            "additional_files, args and stdin are not taken by a live session's cells; \
+             write files from the code itself"
+                .into(),
+        );
+    }
+    if req.network.is_on() {
+        return refuse("network: a live session's interpreter has no network".into());
+    }
+    if !req.packages.is_empty() || !req.env.is_empty() {
+        return refuse(
+            "packages and env are not taken by a live session's cells (its interpreter was \
+             started with the session)"
+                .into(),
+        );
+    }
+    // The lease: one cell at a time, and using the session renews it.
+    let _guard = match scope.store.begin_run(&scope.id).await {
+        Ok(g) => g,
+        Err(e) => return refuse(e.to_string()),
+    };
+    let limits = &engine.config().limits;
+    let timeout_ms = req
+        .limits
+        .timeout_ms
+        .unwrap_or(limits.timeout_ms)
+        .min(limits.timeout_ms)
+        .max(1);
+    let output = req
+        .limits
+        .output_bytes
+        .unwrap_or(limits.output_bytes)
+        .min(limits.output_bytes) as usize;
+    let Some(interpreter) = session.live.as_mut() else {
+        return refuse("the live session has ended".into());
+    };
+    let cell = interpreter
+        .run_cell(&req.code, Duration::from_millis(timeout_ms), output)
+        .await;
+    use gearbox_engine::live::CellStatus;
+    let (status, reason) = match cell.status {
+        CellStatus::Ok => (gearbox_core::Status::Ok, None),
+        CellStatus::Error => (gearbox_core::Status::Error, cell.reason.clone()),
+        CellStatus::Interrupted => (
+            gearbox_core::Status::Timeout,
+            Some(format!(
+                "the cell ran past its {timeout_ms} ms timeout and was interrupted; the session and its variables remain"
+            )),
+        ),
+        CellStatus::Dead => (
+            gearbox_core::Status::Killed,
+            Some(format!(
+                "the live session has ended: {}",
+                cell.reason.clone().unwrap_or_default()
+            )),
+        ),
+    };
+    let mut outcome = Outcome::failed_to_start(&session.language, "linux", String::new());
+    outcome.status = status;
+    outcome.reason = reason;
+    outcome.stdout = cell.stdout;
+    outcome.stderr = cell.stderr;
+    outcome.stdout_truncated = cell.stdout_truncated;
+    outcome.stderr_truncated = cell.stderr_truncated;
+    outcome.duration_ms = cell.duration_ms;
+    outcome.result = cell.result;
+    outcome.exit_code = (status == gearbox_core::Status::Ok).then_some(0);
+    (outcome, report)
+}
+
+/// What `gearbox://sessions/{id}` adds for a live session: its language, cells run, age,
+/// and whether its interpreter still lives.
+pub async fn live_state(id: &SessionId) -> Option<Value> {
+    let live = live_sessions().get(id)?;
+    let mut s = live.lock().await;
+    let language = s.language.clone();
+    let opened_at = s.opened_at;
+    let (alive, cells, ended) = match s.live.as_mut() {
+        Some(l) => (l.alive(), l.cells(), l.dead().map(str::to_string)),
+        None => (false, 0, Some("closed".into())),
+    };
+    let age = opened_at.elapsed().map(|d| d.as_secs()).unwrap_or_default();
+    Some(
+        json!({"language": language, "alive": alive, "cells": cells, "ended": ended, "age_secs": age}),
+    )
 }

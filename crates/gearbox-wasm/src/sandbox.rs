@@ -478,6 +478,7 @@ impl Inner {
             language: lang.to_string(),
             backend: backend.to_string(),
             egress: None,
+            result: None,
         };
         match result {
             Ok(()) => outcome.exit_code = Some(0),

@@ -90,6 +90,7 @@ fn run(start: Instant, report: &mut JailReport) -> Result<(), SetupFailure> {
 pub(crate) fn launcher_script(name: &str) -> Option<&'static str> {
     match name {
         "python" => Some(include_str!("../launchers/python.py")),
+        "python-live" => Some(include_str!("../launchers/python_live.py")),
         "node" => Some(include_str!("../launchers/node.js")),
         "python-zygote" => Some(include_str!("../launchers/python_zygote.py")),
         "node-zygote" => Some(include_str!("../launchers/node_zygote.js")),

@@ -83,14 +83,19 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
         bind_ro_named(&via, &inside(root, m), m)?;
     }
     drop(sources);
-    if let Some(Pooled {
-        launcher: Some((name, _)),
-        fork_server,
-    }) = &spec.pooled
-    {
-        if *fork_server {
-            write_fork_server_files(root, spec)?;
+    let launcher = match &spec.pooled {
+        Some(Pooled {
+            launcher: Some((name, _)),
+            fork_server,
+        }) => {
+            if *fork_server {
+                write_fork_server_files(root, spec)?;
+            }
+            Some(name)
         }
+        _ => spec.live.as_ref(),
+    };
+    if let Some(name) = launcher {
         let script = super::launcher_script(name).ok_or_else(|| {
             StepError::new(
                 Step::WriteLauncher,

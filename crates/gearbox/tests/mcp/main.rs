@@ -18,5 +18,6 @@ mod support;
 mod broker;
 mod gears;
 mod http;
+mod live;
 mod sessions;
 mod stdio;
