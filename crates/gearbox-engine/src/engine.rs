@@ -302,7 +302,11 @@ impl Engine {
     /// Open a live session's interpreter: `language`'s live launcher in a sandbox of its own
     /// with the configured limits, the wall clock being `[sessions] live_max_age_secs`. Only
     /// on the linux backend (a live session needs the helper's sandbox).
-    pub async fn open_live(&self, language: &str) -> Result<gearbox_sandbox::live::Live, String> {
+    pub async fn open_live(
+        &self,
+        language: &str,
+        packages: Vec<String>,
+    ) -> Result<gearbox_sandbox::live::Live, String> {
         if self.config.backend != BackendKind::Linux {
             return Err(format!(
                 "live sessions run on the linux backend; this server's is {}",
@@ -311,10 +315,21 @@ impl Engine {
         }
         let name = self.languages.normalize(language)?;
         let resolved = self.resolve(&name)?;
-        let template = ExecRequest {
+        let mut template = ExecRequest {
             language: name,
+            packages,
             ..Default::default()
         };
+        // The layer stays on disk (cached, its last use recorded); its mounts and variables
+        // are now the job's.
+        let _layer = self
+            .packages
+            .attach(&mut template, &resolved, "linux")
+            .await
+            .map_err(|o| {
+                o.reason
+                    .unwrap_or_else(|| "packages could not be installed".into())
+            })?;
         let mut job = Job::build(&template, &resolved, &self.config.limits)?;
         job.files.clear();
         let age_ms = self

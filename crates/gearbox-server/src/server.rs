@@ -490,7 +490,7 @@ impl GearboxServer {
                 .into());
         }
         if kind == ToolKind::Session
-            && let Some(answer) = crate::sessions::answer(engine, &request).await
+            && let Some(answer) = crate::sessions::answer(engine, self.gear(), &request).await
         {
             return Ok(answer);
         }

@@ -53,6 +53,10 @@ pub struct ExecOpenArgs {
     pub stateful: Option<bool>,
     /// The live interpreter's language (`python`), with `stateful: true`.
     pub language: Option<String>,
+    /// Packages the live interpreter can import (as `execute_code`'s `packages`), installed
+    /// into a cached layer mounted when the session opens. Only where the server's gear is
+    /// `full_trust` (opening asks no human).
+    pub packages: Option<Vec<String>>,
 }
 
 /// Arguments of `exec_close`.
@@ -283,7 +287,11 @@ fn file_uri(id: &SessionId, path: &str) -> String {
 
 /// Answer `exec_open`, `exec_close` or `exec_get_artifact` (none of them runs code); `None`
 /// for any other tool. Only called for tools this server exposes.
-pub async fn answer(engine: &Engine, request: &CallToolRequestParams) -> Option<CallToolResponse> {
+pub async fn answer(
+    engine: &Engine,
+    gear: gearbox_core::Gear,
+    request: &CallToolRequestParams,
+) -> Option<CallToolResponse> {
     let name: &str = &request.name;
     let args = request.arguments.as_ref();
     if ![EXEC_OPEN, EXEC_CLOSE, EXEC_GET_ARTIFACT].contains(&name) {
@@ -296,9 +304,9 @@ pub async fn answer(engine: &Engine, request: &CallToolRequestParams) -> Option<
     Some(match name {
         EXEC_OPEN => match parse::<ExecOpenArgs>(args) {
             Err(e) => tool_error(e),
-            Ok(a) if a.stateful == Some(true) => open_live(engine, &store, a).await,
-            Ok(a) if a.language.is_some() => {
-                tool_error("language: only with stateful: true (a live session)")
+            Ok(a) if a.stateful == Some(true) => open_live(engine, gear, &store, a).await,
+            Ok(a) if a.language.is_some() || a.packages.is_some() => {
+                tool_error("language and packages: only with stateful: true (a live session)")
             }
             Ok(_) => match store.create() {
                 Err(e) => tool_error(e.to_string()),
@@ -967,6 +975,7 @@ fn start_reaper(store: Arc<SessionStore>) {
 
 async fn open_live(
     engine: &Engine,
+    gear: gearbox_core::Gear,
     store: &Arc<SessionStore>,
     a: ExecOpenArgs,
 ) -> CallToolResponse {
@@ -975,6 +984,13 @@ async fn open_live(
             "language: a live session (stateful: true) needs its language, e.g. python",
         );
     };
+    let packages = a.packages.unwrap_or_default();
+    if !packages.is_empty() && gear != gearbox_core::Gear::FullTrust {
+        return tool_error(format!(
+            "packages: a live session installs them when it opens, which the {gear} gear does \
+             not allow without asking; open it without packages, or on a full_trust server"
+        ));
+    }
     let max = engine.config().sessions.live_max.max(1);
     if live_sessions().count() >= max {
         return tool_error(format!(
@@ -989,7 +1005,7 @@ async fn open_live(
         Ok(id) => id,
         Err(e) => return tool_error(e),
     };
-    let live = match engine.open_live(&language).await {
+    let live = match engine.open_live(&language, packages).await {
         Ok(l) => l,
         Err(e) => {
             let _ = store.close(&id, false);

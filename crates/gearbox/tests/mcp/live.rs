@@ -433,3 +433,60 @@ async fn idle_live_sessions_expire_and_their_sandboxes_are_gone() {
     assert_eq!(r.is_error, Some(true), "{}", text(&r));
     assert!(text(&r).contains("does not exist"), "{}", text(&r));
 }
+
+/// Packages given at open are importable in every cell (a cached layer mounted in the
+/// session's sandbox); a server whose gear would ask a human refuses them at open.
+#[tokio::test]
+async fn packages_given_at_open_are_importable_and_need_full_trust() {
+    // Layers are mounted from the host: not under /tmp, which the sandbox has of its own.
+    let cache =
+        std::path::PathBuf::from(format!("/var/tmp/gearbox-live-pkgs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache).expect("mkdir");
+    let dir = TempDir::new("live-packages");
+    let packages = format!(
+        "[packages]\ncache_dir = {:?}\ninstall_timeout_ms = 180000\n",
+        cache.display().to_string()
+    );
+    let s = start(&dir.0, &packages).await;
+    let r = call(
+        &s,
+        "exec_open",
+        json!({"stateful": true, "language": "python", "packages": ["six"]}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let id = structured(&r)["session_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let v = cell(&s, &id, "import six\nsix.__name__", 10_000).await;
+    assert_eq!(v["result"], "'six'", "{v}");
+    drop(s);
+    // The same under user_confirmed: refused, nothing installed or started.
+    let config = dir.0.join("gearbox.toml");
+    let text_config = std::fs::read_to_string(&config)
+        .expect("config")
+        .replace("gear = \"full_trust\"", "gear = \"user_confirmed\"");
+    std::fs::write(&config, text_config).expect("config");
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
+            c.arg("--config")
+                .arg(&config)
+                .args(["serve", "--profile", "sessions"]);
+        }),
+    )
+    .expect("spawn");
+    let pid = transport.id().expect("pid");
+    let session = ().serve(transport).await.expect("initialize");
+    let s = Server { session, pid };
+    let r = call(
+        &s,
+        "exec_open",
+        json!({"stateful": true, "language": "python", "packages": ["six"]}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("full_trust"), "{}", text(&r));
+    let _ = std::fs::remove_dir_all(&cache);
+}
