@@ -367,12 +367,47 @@ async def gears_and_elicitation(gearbox: str) -> None:
         )
 
 
+async def live_sessions(gearbox: str) -> None:
+    async with Server(gearbox, "--profile", "sessions") as s:
+        r = await s.call_tool("exec_open", {"stateful": True, "language": "python"})
+        sc = r.structured_content or {}
+        check("live session: opened", not r.is_error and sc.get("live") == "python", text_of(r))
+        sid = sc.get("session_id", "")
+
+        async def cell(code: str, timeout_ms: int = 10000) -> dict:
+            r = await s.call_tool(
+                "exec_run",
+                {"session_id": sid, "language": "python", "code": code, "timeout_ms": timeout_ms},
+            )
+            return r.structured_content or {}
+
+        await cell("x = 41")
+        sc = await cell("x + 1")
+        check("live session: x = 41 then x + 1 is 42", sc.get("result") == "42", str(sc))
+        await cell("rows = {'a': [1, 2, 3]}")
+        sc = await cell("sum(rows['a'])")
+        check("live session: a structure built in one cell is used in the next", sc.get("result") == "6", str(sc))
+        sc = await cell("while True:\n    pass", 1000)
+        check("live session: a runaway cell is interrupted", sc.get("status") == "timeout", str(sc))
+        sc = await cell("x")
+        check("live session: it still answers, state intact", sc.get("result") == "41", str(sc))
+        r = await s.call_tool("exec_close", {"session_id": sid})
+        check("live session: closed", not r.is_error, text_of(r))
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gearbox", default=str(ROOT / "target" / "debug" / "gearbox"))
     ap.add_argument("--skip-cancel", action="store_true", help="skip the cancellation check")
     opts = ap.parse_args()
-    groups = [languages_and_layout, argument_errors, snippets, profiles, gears_and_elicitation]
+    groups = [
+        languages_and_layout,
+        argument_errors,
+        snippets,
+        profiles,
+        gears_and_elicitation,
+        live_sessions,
+    ]
     if not opts.skip_cancel:
         groups.append(concurrency_and_cancel)
     for group in groups:

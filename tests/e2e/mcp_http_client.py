@@ -45,14 +45,14 @@ def check(name: str, cond: bool, detail: str = "") -> None:
 class Daemon:
     """`gearbox serve --http 127.0.0.1:0` with an audit log in a temp dir."""
 
-    def __init__(self, gearbox: str, keys: str | None):
+    def __init__(self, gearbox: str, keys: str | None, *extra: str):
         self.tmp = tempfile.TemporaryDirectory(prefix="gearbox-http-e2e-")
         self.audit = Path(self.tmp.name) / "audit.jsonl"
         env = {k: v for k, v in os.environ.items() if k not in ("GEARBOX_API_KEYS", "PORT")}
         if keys:
             env["GEARBOX_API_KEYS"] = keys
         self.proc = subprocess.Popen(
-            [gearbox, "serve", "--http", "127.0.0.1:0", "--audit-log", str(self.audit)],
+            [gearbox, "serve", "--http", "127.0.0.1:0", "--audit-log", str(self.audit), *extra],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -225,6 +225,50 @@ def gearbox_cgroups(pid: int) -> set[str]:
     return found
 
 
+async def live_over_http(gearbox: str) -> None:
+    """A live session over Streamable HTTP; after SIGTERM its sandbox and cgroup are gone."""
+    d = Daemon(gearbox, f"e2e:{KEY}", "--profile", "sessions")
+    helpers: set[int] = set()
+    held: set[str] = set()
+    try:
+        async with auth_client() as http:
+            async with streamable_http_client(f"{d.base}/mcp", http_client=http) as streams:
+                async with ClientSession(streams[0], streams[1]) as s:
+                    await s.initialize()
+                    r = await s.call_tool("exec_open", {"stateful": True, "language": "python"})
+                    sid = (r.structured_content or {}).get("session_id", "")
+                    check("live over HTTP: opened", not r.is_error and sid, str(r.structured_content))
+                    for code in ["x = 41", "x + 1"]:
+                        r = await s.call_tool(
+                            "exec_run", {"session_id": sid, "language": "python", "code": code}
+                        )
+                    sc = r.structured_content or {}
+                    check("live over HTTP: x + 1 is 42", sc.get("result") == "42", str(sc))
+                    helpers = set(children(d.proc.pid))
+                    if os.geteuid() == 0:
+                        held = set().union(*(gearbox_cgroups(p) for p in helpers))
+                        check("live over HTTP: its sandbox has a cgroup", bool(held), str(helpers))
+    finally:
+        rc = d.stop()
+        check("live over HTTP: SIGTERM exits 0", rc == 0, str(rc))
+    if os.geteuid() == 0:
+        time.sleep(0.5)
+        left = [p for p in helpers if os.path.exists(f"/proc/{p}")]
+        cgroups = [c for c in held if os.path.exists(c)]
+        check("live over HTTP: its sandbox and cgroup are gone after SIGTERM", not left and not cgroups,
+              f"{left} {cgroups}")
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out += [int(c) for c in open(f"/proc/{pid}/task/{task}/children").read().split()]
+        except OSError:
+            pass
+    return out
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gearbox", default=str(ROOT / "target" / "debug" / "gearbox"))
@@ -251,6 +295,10 @@ async def main() -> int:
         await high_level_client(opts.gearbox)
     except Exception as e:
         check("high_level_client completed", False, repr(e))
+    try:
+        await live_over_http(opts.gearbox)
+    except Exception as e:
+        check("live_over_http completed", False, repr(e))
     passed = sum(1 for _, ok, _ in RESULTS if ok)
     failed = len(RESULTS) - passed
     print(f"{passed} passed, {failed} failed")

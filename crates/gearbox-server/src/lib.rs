@@ -39,6 +39,7 @@ use gearbox_engine::config::ToolProfile;
 use rmcp::ServiceExt;
 
 pub use server::GearboxServer;
+pub use sessions::end_all_live;
 
 /// A commented configuration file whose every value is the default; `gearbox config init`
 /// writes it.

@@ -951,6 +951,15 @@ pub fn live_sessions() -> &'static LiveSessions {
     LIVE.get_or_init(LiveSessions::default)
 }
 
+/// The server is leaving: end every live session (each helper removes its cgroup).
+pub async fn end_all_live() {
+    for id in live_sessions().ids() {
+        if let Some(live) = live_sessions().remove(&id) {
+            live.lock().await.end().await;
+        }
+    }
+}
+
 /// Every two seconds, end the live sessions whose session expired or was closed.
 fn start_reaper(store: Arc<SessionStore>) {
     static STARTED: std::sync::Once = std::sync::Once::new();

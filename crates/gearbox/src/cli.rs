@@ -357,7 +357,10 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
     };
     // The fork servers end and remove their cgroups; runs of a client that left were
     // cancelled, so do not wait on stragglers; then remove the run cgroups kept for reuse.
-    rt.block_on(engine.stop());
+    rt.block_on(async {
+        gearbox_server::end_all_live().await;
+        engine.stop().await;
+    });
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     gearbox_sandbox::remove_spare_cgroups();
     result?;
