@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--numpy", action="store_true")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gearbox-live-bench-", dir="/var/tmp"))
+    tmp.chmod(0o755)  # the sandbox user walks down to the package layers
     (tmp / "c.toml").write_text(
         'gear = "full_trust"\nprofiles = ["sessions"]\n'
         f'[sessions]\ndir = "{tmp}/sessions"\nlive_max = 8\n'
@@ -61,8 +62,9 @@ def main():
                  ("sum of squares to 10^6", "sum(i * i for i in range(10**6))",
                   "print(sum(i * i for i in range(10**6)))")]
         if a.numpy:
-            call("exec_run", {"session_id": sid, "language": "python",
-                              "code": "import numpy as np\na = np.arange(10**6)"})
+            _, sc = call("exec_run", {"session_id": sid, "language": "python",
+                                      "code": "import numpy as np\na = np.arange(10**6)"})
+            assert sc["status"] == "ok", sc
             cases.append(("numpy sum of 10^6", "int(a.sum())",
                           "import numpy as np\nprint(int(np.arange(10**6).sum()))"))
         print(f"## a cell vs a fresh execute_code (warm), n={a.n}, ms\n")

@@ -443,6 +443,9 @@ async fn packages_given_at_open_are_importable_and_need_full_trust() {
         std::path::PathBuf::from(format!("/var/tmp/gearbox-live-pkgs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     std::fs::create_dir_all(&cache).expect("mkdir");
+    // The sandbox user walks down to the layer.
+    std::fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
     let dir = TempDir::new("live-packages");
     let packages = format!(
         "[packages]\ncache_dir = {:?}\ninstall_timeout_ms = 180000\n",
@@ -452,7 +455,7 @@ async fn packages_given_at_open_are_importable_and_need_full_trust() {
     let r = call(
         &s,
         "exec_open",
-        json!({"stateful": true, "language": "python", "packages": ["six"]}),
+        json!({"stateful": true, "language": "python", "packages": ["iniconfig"]}),
     )
     .await;
     assert_ne!(r.is_error, Some(true), "{}", text(&r));
@@ -460,8 +463,9 @@ async fn packages_given_at_open_are_importable_and_need_full_trust() {
         .as_str()
         .expect("id")
         .to_string();
-    let v = cell(&s, &id, "import six\nsix.__name__", 10_000).await;
-    assert_eq!(v["result"], "'six'", "{v}");
+    // Not on the host: only the layer can provide it.
+    let v = cell(&s, &id, "import iniconfig\niniconfig.__name__", 10_000).await;
+    assert_eq!(v["result"], "'iniconfig'", "{v}");
     drop(s);
     // The same under user_confirmed: refused, nothing installed or started.
     let config = dir.0.join("gearbox.toml");
@@ -483,7 +487,7 @@ async fn packages_given_at_open_are_importable_and_need_full_trust() {
     let r = call(
         &s,
         "exec_open",
-        json!({"stateful": true, "language": "python", "packages": ["six"]}),
+        json!({"stateful": true, "language": "python", "packages": ["iniconfig"]}),
     )
     .await;
     assert_eq!(r.is_error, Some(true), "{}", text(&r));
