@@ -6,6 +6,7 @@
 //! It must not know how any backend isolates code, nor speak MCP.
 
 pub mod capture;
+pub mod display;
 pub mod gear;
 pub mod language;
 pub mod limits;

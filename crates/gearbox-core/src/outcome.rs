@@ -91,6 +91,10 @@ pub struct Outcome {
     /// shows a cell's result), when there is one and it is not None.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
+    /// Pictures the program showed (`display()`, matplotlib figures), taken out of `stdout`;
+    /// each is also an MCP `image` content.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pictures: Vec<crate::display::Picture>,
 }
 
 impl Outcome {
@@ -120,7 +124,13 @@ impl Outcome {
             backend: backend.to_string(),
             egress: None,
             result: None,
+            pictures: Vec::new(),
         }
+    }
+
+    /// Take the pictures the program showed out of its stdout (`display.rs`).
+    pub fn take_pictures(&mut self) {
+        self.pictures = crate::display::extract(&mut self.stdout);
     }
 
     pub fn is_ok(&self) -> bool {
@@ -153,6 +163,22 @@ impl Outcome {
             text.push_str("--- result ---\n");
             text.push_str(result);
             text.push('\n');
+        }
+        if !self.pictures.is_empty() {
+            text.push_str("--- pictures ---\n");
+            for (i, p) in self.pictures.iter().enumerate() {
+                text.push_str(&format!("{}: {}", i + 1, p.mime));
+                if p.width > 0 {
+                    text.push_str(&format!(", {}x{}", p.width, p.height));
+                }
+                if let Some([w, h]) = p.original {
+                    text.push_str(&format!(", downscaled from {w}x{h}"));
+                }
+                if let Some(full) = &p.full {
+                    text.push_str(&format!(", full size written to /work/{full}"));
+                }
+                text.push('\n');
+            }
         }
         text
     }
@@ -190,6 +216,7 @@ mod tests {
             backend: "linux".into(),
             egress: None,
             result: None,
+            pictures: Vec::new(),
         }
     }
 

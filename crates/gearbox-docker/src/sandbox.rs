@@ -297,6 +297,7 @@ impl DockerSandbox {
             backend: BackendKind::Docker.as_str().to_string(),
             egress: None,
             result: None,
+            pictures: Vec::new(),
         };
         if timed_out {
             outcome.status = Status::Timeout;

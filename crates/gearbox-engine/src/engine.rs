@@ -354,6 +354,7 @@ impl Engine {
         };
         match run.sandbox.run(run.job).await {
             Ok(mut outcome) => {
+                outcome.take_pictures();
                 crate::packages::account(&mut outcome, run.layer.as_ref());
                 account_egress(&mut outcome, run.egress);
                 outcome
@@ -408,6 +409,7 @@ impl Engine {
         job.limits.disk_mb = job.limits.disk_mb.min(quota_mb);
         match sandbox.run_collecting(job, limits).await {
             Ok(mut done) => {
+                done.0.take_pictures();
                 crate::packages::account(&mut done.0, layer.as_ref());
                 account_egress(&mut done.0, egress);
                 done

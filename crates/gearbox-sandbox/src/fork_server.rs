@@ -459,7 +459,8 @@ impl Slot {
 
     /// Hand `job` over and wait for it.
     pub async fn run(self, job: Job) -> Result<(Outcome, Vec<String>), SandboxError> {
-        let env = crate::wire::program_env(&job.env, "/work", "/tmp");
+        let env =
+            crate::wire::with_display_env(crate::wire::program_env(&job.env, "/work", "/tmp"));
         let handover = HandOver {
             argv: job.argv.clone(),
             program_argv: job.program_argv.clone(),

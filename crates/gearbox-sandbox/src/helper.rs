@@ -375,6 +375,7 @@ pub(crate) fn build_outcome(
         },
         egress: None,
         result: None,
+        pictures: Vec::new(),
     })
 }
 

@@ -156,6 +156,31 @@ fn read_files<R: Read>(r: &mut R, names: &[(String, u64)]) -> Result<Vec<Vec<u8>
     Ok(files)
 }
 
+/// Where the `linux` backend puts gearbox's Python helpers in every sandbox (the display
+/// hooks, `launchers/gearbox_display.py`).
+pub const PYTHON_HELPERS: &str = "/.gearbox/python";
+
+/// The variables that turn the display hooks on (`linux` backend): the helpers on
+/// `PYTHONPATH` (after the job's own entries), matplotlib's backend unless the job chose one.
+pub(crate) fn with_display_env(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
+    match env.iter_mut().find(|(k, _)| k == "PYTHONPATH") {
+        Some((_, v)) if !v.is_empty() => *v = format!("{v}:{PYTHON_HELPERS}"),
+        Some((_, v)) => *v = PYTHON_HELPERS.to_string(),
+        None => env.push(("PYTHONPATH".into(), PYTHON_HELPERS.into())),
+    }
+    for (k, v) in [
+        ("MPLBACKEND", "module://gearbox_mpl_backend"),
+        // matplotlib's font cache: in /tmp, not in a session's workspace.
+        ("MPLCONFIGDIR", "/tmp/.matplotlib"),
+    ] {
+        if !env.iter().any(|(name, _)| name == k) {
+            env.push((k.into(), v.into()));
+        }
+    }
+    env.sort();
+    env
+}
+
 /// The program's environment: a fixed base, then the job's variables with the sandbox's
 /// paths substituted. Nothing is inherited from the server.
 pub(crate) fn program_env(

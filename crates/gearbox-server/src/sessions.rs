@@ -407,6 +407,34 @@ pub fn shape(
     });
     match response {
         CallToolResponse::Complete(mut r) => {
+            // Full-size pictures the run kept in the session: offered as resources.
+            let fulls: Vec<String> = r
+                .structured_content
+                .as_ref()
+                .and_then(|v| v.get("pictures"))
+                .and_then(Value::as_array)
+                .map(|ps| {
+                    ps.iter()
+                        .filter_map(|p| p.get("full").and_then(Value::as_str))
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            for full in fulls {
+                if let Some(change) = report.files_changed.iter().find(|c| c.path == full) {
+                    let mime = if full.ends_with(".svg") {
+                        "image/svg+xml"
+                    } else {
+                        "image/png"
+                    };
+                    r.content.push(ContentBlock::resource_link(
+                        Resource::new(file_uri(&session.id, &full), full.clone())
+                            .with_description("the full-size picture")
+                            .with_mime_type(mime)
+                            .with_size(change.size),
+                    ));
+                }
+            }
             if let Some(Value::Object(map)) = r.structured_content.as_mut()
                 && let Ok(Value::Object(extra)) = serde_json::to_value(&report)
             {
@@ -1143,6 +1171,7 @@ async fn run_live(
     outcome.duration_ms = cell.duration_ms;
     outcome.result = cell.result;
     outcome.exit_code = (status == gearbox_core::Status::Ok).then_some(0);
+    outcome.take_pictures();
     (outcome, report)
 }
 

@@ -609,7 +609,12 @@ pub fn pending_outcome(backend: &str, view: &OpView) -> (Outcome, String) {
 
 /// The result of a tool whose structured output is the outcome itself.
 pub fn outcome_result(o: &Outcome) -> CallToolResult {
-    let text = vec![ContentBlock::text(o.render_text())];
+    let mut text = vec![ContentBlock::text(o.render_text())];
+    text.extend(
+        o.pictures
+            .iter()
+            .map(|p| ContentBlock::image(p.data.clone(), p.mime.clone())),
+    );
     let mut r = if o.is_ok() {
         CallToolResult::success(text)
     } else {

@@ -479,6 +479,7 @@ impl Inner {
             backend: backend.to_string(),
             egress: None,
             result: None,
+            pictures: Vec::new(),
         };
         match result {
             Ok(()) => outcome.exit_code = Some(0),

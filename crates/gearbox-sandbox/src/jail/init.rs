@@ -209,7 +209,8 @@ fn start_pooled(
     let (handover, files) = read_handover(&mut *stdin).step(Step::ReadHandOver)?;
     let handed = std::time::Instant::now();
     mount::write_files(std::path::Path::new("/work"), &handover.files, &files)?;
-    let env = crate::wire::program_env(&handover.env, "/work", "/tmp");
+    let env =
+        crate::wire::with_display_env(crate::wire::program_env(&handover.env, "/work", "/tmp"));
     match launcher {
         Some((child, job_w)) => {
             // `command`: what the interpreter would have been started with (Python's

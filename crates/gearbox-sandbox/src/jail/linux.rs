@@ -47,7 +47,7 @@ pub fn run(
     mark(report, "request read");
     let filters = seccomp::compile().step(Step::CompileSeccompPolicy)?;
     mark(report, "seccomp compiled");
-    let env = crate::wire::program_env(&spec.env, "/work", "/tmp");
+    let env = crate::wire::with_display_env(crate::wire::program_env(&spec.env, "/work", "/tmp"));
     let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateSyncPipe)?;
     let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateStatusPipe)?;
 

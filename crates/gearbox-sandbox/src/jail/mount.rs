@@ -31,6 +31,9 @@ const ETC_ENTRIES: &[&str] = &[
     "localtime",
     "os-release",
     "mime.types",
+    // fontconfig's configuration (matplotlib and PIL find fonts through it; the fonts
+    // themselves are under /usr).
+    "fonts",
 ];
 /// Extra /etc entries a run with network access needs (DNS, TLS roots).
 /// Added for a granted run: the trust store, for TLS through the egress proxy. No resolver
@@ -75,6 +78,20 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;
     write_files(&root.join("work"), &spec.files, files)?;
+    let helpers = inside(root, Path::new(crate::wire::PYTHON_HELPERS));
+    fs::create_dir_all(&helpers).step(Step::WritePythonHelpers)?;
+    for (name, text) in [
+        (
+            "gearbox_display.py",
+            include_str!("../launchers/gearbox_display.py"),
+        ),
+        (
+            "gearbox_mpl_backend.py",
+            include_str!("../launchers/gearbox_mpl_backend.py"),
+        ),
+    ] {
+        fs::write(helpers.join(name), text).step(Step::WritePythonHelpers)?;
+    }
     // The server's mounts come after the scratch tmpfs, so one under /tmp is bound on top
     // of the run's /tmp instead of hidden by it.
     for (m, file) in &sources {

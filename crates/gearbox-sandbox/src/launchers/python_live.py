@@ -228,6 +228,15 @@ def _run(cell, code):
     if value is None:
         return None
     _ns["_"] = value
+    # A picture (a PIL image, a matplotlib figure) is shown, as a notebook shows it.
+    try:
+        import gearbox_display
+
+        if gearbox_display.displayable(value):
+            gearbox_display.display(value)
+            return None
+    except ImportError:
+        pass
     text = repr(value)
     if len(text) > _MAX_RESULT:
         text = text[:_MAX_RESULT] + "... [%d characters]" % len(text)
@@ -267,6 +276,14 @@ def _serve():
             text = _traceback_text(e)
             _send({"cell": cell, "stream": "stderr", "data": text})
             error = "".join(_traceback.format_exception_only(type(e), e)).strip()
+        try:
+            # Figures the cell left open are shown with it, as in a notebook.
+            if "matplotlib.pyplot" in _sys.modules:
+                import gearbox_display
+
+                gearbox_display.show_open_figures()
+        except BaseException as e:  # showing must not end the session
+            _send({"cell": cell, "stream": "stderr", "data": "[gearbox: %s]\n" % e})
         try:
             _sys.stdout.flush(cell)
             _sys.stderr.flush(cell)

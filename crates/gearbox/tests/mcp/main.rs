@@ -19,5 +19,6 @@ mod broker;
 mod gears;
 mod http;
 mod live;
+mod pictures;
 mod sessions;
 mod stdio;

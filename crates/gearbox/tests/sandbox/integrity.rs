@@ -26,7 +26,7 @@ fn engine_with(pool: PoolConfig) -> Arc<Engine> {
 /// The paths a run of `language` can take on this host, each with an engine that takes it:
 /// `cold`, and the warm one (`{language}-fork` where a fork server serves the language,
 /// else `warm`, a helper-built warm sandbox).
-fn paths(language: &str) -> Vec<(String, Arc<Engine>)> {
+pub(crate) fn paths(language: &str) -> Vec<(String, Arc<Engine>)> {
     let warm = if matches!(language, "python" | "javascript")
         && root_and_cgroups("fork-server paths of the integrity checks")
     {
@@ -68,7 +68,7 @@ async fn wait_warm(path: &str, engine: &Arc<Engine>) {
 
 /// Run `r` on `engine`; on a pooled engine, only once a warm sandbox is ready and checked to
 /// have served it (a run that fell back to a cold start would test the wrong path).
-async fn on(path: &str, engine: &Arc<Engine>, r: Run) -> Outcome {
+pub(crate) async fn on(path: &str, engine: &Arc<Engine>, r: Run) -> Outcome {
     if path == "cold" {
         return exec(engine, r.req).await;
     }

@@ -9,6 +9,7 @@
 #[allow(dead_code)]
 #[path = "../common/cgroups.rs"]
 mod cgroups;
+mod display;
 mod escape;
 mod exec;
 mod fork_server;
