@@ -26,6 +26,8 @@ use crate::wire::{JailReport, Mode};
 /// Longest line the launcher may send (a frame of output or a result): more is a broken
 /// session, not a bigger buffer.
 const MAX_FRAME: usize = 4 << 20;
+/// The cell number of output that came past the protocol (counted for the running cell).
+const RAW_CELL: u64 = u64::MAX;
 /// How long a cell may run past its timeout after the interrupt before the session ends.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 /// How long opening may take until the interpreter says it is ready.
@@ -108,6 +110,7 @@ impl std::fmt::Debug for Live {
 pub fn live_launcher(launcher: &str) -> Option<&'static str> {
     match launcher {
         "python" => Some("python-live"),
+        "node" => Some("node-live"),
         _ => None,
     }
 }
@@ -124,7 +127,7 @@ impl Live {
         };
         let Some(script) = live_launcher(&name) else {
             return Err(SandboxError::Unavailable(format!(
-                "{} has no live sessions yet (Python has)",
+                "{} has no live sessions (Python and JavaScript have)",
                 job.language
             )));
         };
@@ -283,7 +286,7 @@ impl Live {
                 }
             };
             // Late output of an earlier cell's threads is that cell's, and it is over.
-            if frame.cell != cell {
+            if frame.cell != cell && frame.cell != RAW_CELL {
                 continue;
             }
             if let (Some(stream), Some(data)) = (&frame.stream, &frame.data) {
@@ -295,7 +298,7 @@ impl Live {
                 append_capped(text, truncated, data, output_bytes);
                 continue;
             }
-            if frame.done {
+            if frame.done && frame.cell == cell {
                 out.result = frame.result;
                 out.status = match frame.status.as_deref() {
                     Some("ok") => CellStatus::Ok,
@@ -377,9 +380,20 @@ impl Live {
                 )));
             }
         }
-        serde_json::from_slice(&line)
-            .map(Some)
-            .map_err(|e| std::io::Error::other(format!("a line that is not a frame: {e}")))
+        // A line that is not a frame is output that went past the protocol (a child
+        // process given the interpreter's own stdout): the running cell's, as it is.
+        Ok(Some(serde_json::from_slice(&line).unwrap_or_else(|_| {
+            Frame {
+                ready: false,
+                cell: RAW_CELL,
+                stream: Some("stdout".into()),
+                data: Some(String::from_utf8_lossy(&line).into_owned() + "\n"),
+                done: false,
+                status: None,
+                result: None,
+                error: None,
+            }
+        })))
     }
 
     /// The session ended: why, from the helper's report (memory, the session's age, ...).
@@ -489,8 +503,9 @@ mod tests {
     }
 
     #[test]
-    fn only_python_has_a_live_launcher() {
+    fn python_and_node_have_live_launchers() {
         assert_eq!(live_launcher("python"), Some("python-live"));
-        assert_eq!(live_launcher("node"), None);
+        assert_eq!(live_launcher("node"), Some("node-live"));
+        assert_eq!(live_launcher("bash"), None);
     }
 }

@@ -162,7 +162,7 @@ impl fmt::Display for Step {
             MountRootTmpfs => "mount root tmpfs",
             CreateLauncherDirectory => "create launcher directory",
             WriteLauncher => "write launcher",
-            WritePythonHelpers => "write python helpers",
+            WritePythonHelpers => "write the display helpers",
             EnterNewRoot => "enter new root",
             PivotRoot => "pivot_root",
             DetachOldRoot => "detach old root",

@@ -159,14 +159,18 @@ fn read_files<R: Read>(r: &mut R, names: &[(String, u64)]) -> Result<Vec<Vec<u8>
 /// Where the `linux` backend puts gearbox's Python helpers in every sandbox (the display
 /// hooks, `launchers/gearbox_display.py`).
 pub const PYTHON_HELPERS: &str = "/.gearbox/python";
+/// The same for Node (`launchers/gearbox_display.js`), on `NODE_PATH`.
+pub const NODE_HELPERS: &str = "/.gearbox/node";
 
 /// The variables that turn the display hooks on (`linux` backend): the helpers on
 /// `PYTHONPATH` (after the job's own entries), matplotlib's backend unless the job chose one.
 pub(crate) fn with_display_env(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
-    match env.iter_mut().find(|(k, _)| k == "PYTHONPATH") {
-        Some((_, v)) if !v.is_empty() => *v = format!("{v}:{PYTHON_HELPERS}"),
-        Some((_, v)) => *v = PYTHON_HELPERS.to_string(),
-        None => env.push(("PYTHONPATH".into(), PYTHON_HELPERS.into())),
+    for (var, dir) in [("PYTHONPATH", PYTHON_HELPERS), ("NODE_PATH", NODE_HELPERS)] {
+        match env.iter_mut().find(|(k, _)| k == var) {
+            Some((_, v)) if !v.is_empty() => *v = format!("{v}:{dir}"),
+            Some((_, v)) => *v = dir.to_string(),
+            None => env.push((var.into(), dir.into())),
+        }
     }
     for (k, v) in [
         ("MPLBACKEND", "module://gearbox_mpl_backend"),

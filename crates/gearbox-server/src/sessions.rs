@@ -51,7 +51,7 @@ pub struct ExecOpenArgs {
     /// directory then persist from one exec_run to the next, and the value of a cell's last
     /// bare expression comes back as `result`. Needs `language`.
     pub stateful: Option<bool>,
-    /// The live interpreter's language (`python`), with `stateful: true`.
+    /// The live interpreter's language (`python` or `javascript`), with `stateful: true`.
     pub language: Option<String>,
     /// Packages the live interpreter can import (as `execute_code`'s `packages`), installed
     /// into a cached layer mounted when the session opens. Only where the server's gear is
@@ -227,8 +227,8 @@ pub fn tools(execute_code: &Tool) -> Vec<Tool> {
             EXEC_OPEN,
             "Open a session",
             "Open a session: a workspace whose files persist across exec_run calls (each run \
-             is still a fresh sandbox). With stateful: true and language: python, the session \
-             instead keeps a live interpreter in a sandbox of its own, so variables and imports \
+             is still a fresh sandbox). With stateful: true and language (python or \
+             javascript), the session instead keeps a live interpreter in a sandbox of its own, so variables and imports \
              persist from one exec_run to the next (like notebook cells). Returns session_id, \
              the workspace path, expires_at (idle sessions expire; each run renews it) and the \
              quota. Close it with exec_close.",

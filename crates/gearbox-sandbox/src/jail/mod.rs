@@ -92,6 +92,7 @@ pub(crate) fn launcher_script(name: &str) -> Option<&'static str> {
         "python" => Some(include_str!("../launchers/python.py")),
         "python-live" => Some(include_str!("../launchers/python_live.py")),
         "node" => Some(include_str!("../launchers/node.js")),
+        "node-live" => Some(include_str!("../launchers/node_live.js")),
         "python-zygote" => Some(include_str!("../launchers/python_zygote.py")),
         "node-zygote" => Some(include_str!("../launchers/node_zygote.js")),
         _ => None,

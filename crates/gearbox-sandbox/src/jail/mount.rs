@@ -78,6 +78,13 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;
     write_files(&root.join("work"), &spec.files, files)?;
+    let node = inside(root, Path::new(crate::wire::NODE_HELPERS));
+    fs::create_dir_all(&node).step(Step::WritePythonHelpers)?;
+    fs::write(
+        node.join("gearbox_display.js"),
+        include_str!("../launchers/gearbox_display.js"),
+    )
+    .step(Step::WritePythonHelpers)?;
     let helpers = inside(root, Path::new(crate::wire::PYTHON_HELPERS));
     fs::create_dir_all(&helpers).step(Step::WritePythonHelpers)?;
     for (name, text) in [

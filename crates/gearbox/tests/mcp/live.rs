@@ -494,3 +494,80 @@ async fn packages_given_at_open_are_importable_and_need_full_trust() {
     assert!(text(&r).contains("full_trust"), "{}", text(&r));
     let _ = std::fs::remove_dir_all(&cache);
 }
+
+#[tokio::test]
+async fn javascript_cells_keep_their_state_and_a_runaway_one_is_stopped() {
+    let dir = TempDir::new("live-js");
+    let s = start(&dir.0, "").await;
+    let r = call(
+        &s,
+        "exec_open",
+        json!({"stateful": true, "language": "javascript"}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    assert_eq!(structured(&r)["live"], "javascript");
+    let id = structured(&r)["session_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let js = |code: &str, timeout_ms: u64| json!({"session_id": id, "language": "javascript", "code": code, "timeout_ms": timeout_ms});
+    for (code, want) in [
+        ("let x = 41", Value::Null),
+        ("x + 1", json!("42")),
+        (
+            "const fs = require('fs'); fs.writeFileSync('a.txt', 'kept'); 1",
+            json!("1"),
+        ),
+        ("fs.readFileSync('a.txt', 'utf8')", json!("'kept'")),
+        (
+            "(async () => { await new Promise(r => setTimeout(r, 50)); return x * 2 })()",
+            json!("82"),
+        ),
+    ] {
+        let r = call(&s, "exec_run", js(code, 10_000)).await;
+        let v = structured(&r);
+        assert_eq!(v["status"], "ok", "{code}: {v}");
+        assert_eq!(
+            v.get("result").cloned().unwrap_or(Value::Null),
+            want,
+            "{code}: {v}"
+        );
+    }
+    // Output scheduled by a cell after it ended is that cell's, not the next one's.
+    let r = call(
+        &s,
+        "exec_run",
+        js(
+            "setTimeout(() => console.log('LATE'), 300); console.log('now')",
+            10_000,
+        ),
+    )
+    .await;
+    assert_eq!(structured(&r)["stdout"], "now\n");
+    let r = call(
+        &s,
+        "exec_run",
+        js(
+            "await0 = new Promise(r => setTimeout(r, 600)); await0",
+            10_000,
+        ),
+    )
+    .await;
+    assert_eq!(structured(&r)["stdout"], "", "{}", text(&r));
+    for code in ["while (true) {}", "new Promise(() => {})"] {
+        let r = call(&s, "exec_run", js(code, 1000)).await;
+        assert_eq!(structured(&r)["status"], "timeout", "{code}: {}", text(&r));
+    }
+    let r = call(&s, "exec_run", js("x", 10_000)).await;
+    assert_eq!(structured(&r)["result"], "41", "{}", text(&r));
+    let r = call(&s, "exec_run", js("nope()", 10_000)).await;
+    let v = structured(&r);
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(
+        v["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("ReferenceError") && e.contains("<cell")),
+        "{v}"
+    );
+}

@@ -87,3 +87,26 @@ async fn matplotlib_is_pointed_at_gearbox_and_a_program_may_choose_otherwise() {
     .await;
     assert_eq!(o.stdout, "agg\n", "{o:?}");
 }
+
+#[tokio::test]
+async fn javascript_programs_display_pictures_and_tables() {
+    let code = "const zlib = require('zlib');\n\
+                function png(w, h) {\n\
+                  const crcTable = [...Array(256).keys()].map((n) => { let c = n; for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1; return c >>> 0; });\n\
+                  const crc = (b) => { let c = 0xffffffff; for (const x of b) c = crcTable[(c ^ x) & 0xff] ^ (c >>> 8); return (c ^ 0xffffffff) >>> 0; };\n\
+                  const chunk = (t, d) => { const len = Buffer.alloc(4); len.writeUInt32BE(d.length); const td = Buffer.concat([Buffer.from(t), d]); const c = Buffer.alloc(4); c.writeUInt32BE(crc(td)); return Buffer.concat([len, td, c]); };\n\
+                  const ihdr = Buffer.alloc(13); ihdr.writeUInt32BE(w, 0); ihdr.writeUInt32BE(h, 4); ihdr[8] = 8; ihdr[9] = 2;\n\
+                  const raw = Buffer.concat([...Array(h)].map(() => Buffer.concat([Buffer.from([0]), Buffer.alloc(w * 3, 0x7f)])));\n\
+                  return Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), chunk('IHDR', ihdr), chunk('IDAT', zlib.deflateSync(raw)), chunk('IEND', Buffer.alloc(0))]);\n\
+                }\n\
+                const { display } = require('gearbox_display');\n\
+                display(png(48, 16));\n\
+                display([{ n: 1, sq: 1 }, { n: 2, sq: 4 }]);\n";
+    for (path, engine) in paths("javascript") {
+        let o = on(&path, &engine, run("javascript", code)).await;
+        assert_eq!(o.status, Status::Ok, "{path}: {o:?}");
+        assert_eq!(o.stdout, "n  sq\n1  1\n2  4\n", "{path}: {o:?}");
+        assert_eq!(o.pictures.len(), 1, "{path}: {o:?}");
+        assert_eq!((o.pictures[0].width, o.pictures[0].height), (48, 16));
+    }
+}
