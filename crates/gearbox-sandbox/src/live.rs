@@ -349,6 +349,48 @@ impl Live {
         }
     }
 
+    /// Read up to `max` bytes at `offset` of the regular file `path` (relative to `/work`)
+    /// of this session's sandbox, from outside it: through `/proc/<init>/root/work`,
+    /// resolved with `openat2` beneath it (no symlink, no magic link, no other mount) and
+    /// opened non-blocking, so nothing the program planted (a link, a fifo) reaches past
+    /// its own files or holds the server. Returns the file's size and the bytes.
+    pub fn read_file(&self, path: &str, offset: u64, max: u64) -> Result<(u64, Vec<u8>), String> {
+        use std::io::{Read, Seek, SeekFrom};
+        use std::os::fd::AsFd;
+        gearbox_core::validate_relative_path("path", path).map_err(|e| e.to_string())?;
+        if self.dead.is_some() {
+            return Err("the live session has ended; its files went with its sandbox".into());
+        }
+        let init = self
+            .child
+            .id()
+            .and_then(|helper| children(helper).into_iter().next())
+            .ok_or("the live session's sandbox is not running")?;
+        let no_file = || format!("no file {path:?} in the live session's /work");
+        let work = gearbox_core::tree::open_dir(Path::new(&format!("/proc/{init}/root/work")))
+            .map_err(|e| format!("the live session's /work cannot be read: {e}"))?;
+        let fd = gearbox_core::tree::open_beneath(
+            work.as_fd(),
+            path,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+        )
+        .map_err(|_| no_file())?;
+        let mut f = std::fs::File::from(fd);
+        let meta = f.metadata().map_err(|_| no_file())?;
+        if !meta.is_file() {
+            return Err(no_file());
+        }
+        let size = meta.len();
+        f.seek(SeekFrom::Start(offset.min(size)))
+            .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        f.take(max)
+            .read_to_end(&mut buf)
+            .map_err(|e| e.to_string())?;
+        Ok((size, buf))
+    }
+
     /// Whether the sandbox is still running (not killed, not ended).
     pub fn alive(&mut self) -> bool {
         self.dead.is_none() && matches!(self.child.try_wait(), Ok(None))

@@ -355,7 +355,10 @@ pub async fn answer(
         },
         _ => match parse::<ExecGetArtifactArgs>(args) {
             Err(e) => tool_error(e),
-            Ok(a) => get_artifact(&store, a),
+            Ok(a) => match live_artifact(&a).await {
+                Some(read) => artifact_result(read),
+                None => get_artifact(&store, a),
+            },
         },
     })
 }
@@ -547,6 +550,47 @@ fn get_artifact(store: &SessionStore, a: ExecGetArtifactArgs) -> CallToolRespons
         Ok(x) => x,
         Err(e) => return tool_error(e.to_string()),
     };
+    artifact_result(Ok((id, art)))
+}
+
+/// A page of a live session's file (`None`: not a live session).
+async fn live_artifact(
+    a: &ExecGetArtifactArgs,
+) -> Option<Result<(SessionId, gearbox_sessions::Artifact), String>> {
+    let id = SessionId::parse("session_id", &a.session_id).ok()?;
+    let live = live_sessions().get(&id)?;
+    let max = a.max_bytes.unwrap_or(DEFAULT_ARTIFACT_BYTES);
+    if max == 0 || max > MAX_ARTIFACT_BYTES {
+        return Some(Err(format!(
+            "max_bytes: {max} is out of range 1..={MAX_ARTIFACT_BYTES}"
+        )));
+    }
+    let session = live.lock().await;
+    let read = match session.live.as_ref() {
+        Some(l) => l.read_file(&a.path, a.offset.unwrap_or(0), max),
+        None => Err("the live session has ended".into()),
+    };
+    Some(read.map(|(size, content)| {
+        (
+            id,
+            gearbox_sessions::Artifact {
+                path: a.path.clone(),
+                size,
+                offset: a.offset.unwrap_or(0).min(size),
+                content,
+            },
+        )
+    }))
+}
+
+/// The answer of `exec_get_artifact` for a page read.
+fn artifact_result(
+    read: Result<(SessionId, gearbox_sessions::Artifact), String>,
+) -> CallToolResponse {
+    let (id, art) = match read {
+        Ok(x) => x,
+        Err(e) => return tool_error(e),
+    };
     let uri = file_uri(&id, &art.path);
     let (text, used) = utf8_prefix(&art.content);
     let binary = text.is_none();
@@ -678,9 +722,26 @@ pub async fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceRes
             ]))
         }
         Some(path) => {
-            let art = store
-                .read(&id, &path, 0, MAX_ARTIFACT_BYTES)
-                .map_err(|e| not_found(e.to_string()))?;
+            let art = match live_sessions().get(&id) {
+                Some(live) => {
+                    let session = live.lock().await;
+                    let (size, content) = session
+                        .live
+                        .as_ref()
+                        .ok_or_else(|| not_found("the live session has ended".into()))?
+                        .read_file(&path, 0, MAX_ARTIFACT_BYTES)
+                        .map_err(not_found)?;
+                    gearbox_sessions::Artifact {
+                        path: path.clone(),
+                        size,
+                        offset: 0,
+                        content,
+                    }
+                }
+                None => store
+                    .read(&id, &path, 0, MAX_ARTIFACT_BYTES)
+                    .map_err(|e| not_found(e.to_string()))?,
+            };
             if art.more() {
                 return Err(McpError::invalid_params(
                     format!(
@@ -1161,7 +1222,8 @@ async fn run_live(
             )),
         ),
     };
-    let mut outcome = Outcome::failed_to_start(&session.language, "linux", String::new());
+    let language = session.language.clone();
+    let mut outcome = Outcome::failed_to_start(&language, "linux", String::new());
     outcome.status = status;
     outcome.reason = reason;
     outcome.stdout = cell.stdout;
@@ -1172,6 +1234,20 @@ async fn run_live(
     outcome.result = cell.result;
     outcome.exit_code = (status == gearbox_core::Status::Ok).then_some(0);
     outcome.take_pictures();
+    // The full-size pictures the cell kept in its /work/outputs: listed, so the result links
+    // them (readable as the session's files while it lives).
+    let mut report = report;
+    for full in outcome.pictures.iter().filter_map(|p| p.full.as_deref()) {
+        let interpreter = session.live.as_ref();
+        if let Some(Ok((size, _))) = interpreter.map(|l| l.read_file(full, 0, 0)) {
+            report.files_changed.push(FileChange {
+                path: full.to_string(),
+                change: gearbox_sessions::ChangeKind::Created,
+                size,
+                sha256: None,
+            });
+        }
+    }
     (outcome, report)
 }
 

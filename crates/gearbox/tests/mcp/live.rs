@@ -571,3 +571,58 @@ async fn javascript_cells_keep_their_state_and_a_runaway_one_is_stopped() {
         "{v}"
     );
 }
+
+/// A live session's files are read from outside its sandbox, beneath its /work only: a
+/// link the program planted, a fifo, a path out of /work are all "no file", and nothing hangs.
+#[tokio::test]
+async fn a_live_sessions_files_are_read_beneath_its_work_only() {
+    let dir = TempDir::new("live-files");
+    let s = start(&dir.0, "").await;
+    let id = open_live(&s).await;
+    let v = cell(
+        &s,
+        &id,
+        "import os\nos.makedirs('/work/out', exist_ok=True)\nopen('/work/out/report.txt', 'w').write('made in a cell')\n\
+         os.symlink('/etc/passwd', '/work/link')\nos.symlink('/proc/1/root/etc/hostname', '/work/magic')\nos.mkfifo('/work/fifo')",
+        10_000,
+    )
+    .await;
+    assert_eq!(v["status"], "ok", "{v}");
+    let r = call(
+        &s,
+        "exec_get_artifact",
+        json!({"session_id": id, "path": "out/report.txt"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["content"], "made in a cell", "{}", text(&r));
+    for path in [
+        "link",
+        "magic",
+        "fifo",
+        "../etc/passwd",
+        "/etc/passwd",
+        "out",
+    ] {
+        let r = call(
+            &s,
+            "exec_get_artifact",
+            json!({"session_id": id, "path": path}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(true), "{path}: {}", text(&r));
+        assert!(!text(&r).contains("root:"), "{path}: {}", text(&r));
+    }
+    let res = s
+        .session
+        .read_resource(ReadResourceRequestParams::new(format!(
+            "gearbox://sessions/{id}/files/out/report.txt"
+        )))
+        .await
+        .expect("read");
+    match &res.contents[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, .. } => {
+            assert_eq!(text, "made in a cell")
+        }
+        other => panic!("{other:?}"),
+    }
+}

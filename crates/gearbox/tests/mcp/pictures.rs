@@ -230,4 +230,36 @@ async fn a_live_session_shows_the_figures_a_cell_leaves_open_and_a_figure_it_ret
     let r = call(&s, "exec_run", cell("x + 1")).await;
     assert!(images(&r).is_empty(), "{}", text(&r));
     assert_eq!(structured(&r)["result"], "2");
+    // A large one: downscaled inline, its full size linked and read from the live sandbox.
+    let r = call(
+        &s,
+        "exec_run",
+        cell("big = plt.figure(figsize=(30, 20), dpi=100)\nplt.plot(range(10))\nbig"),
+    )
+    .await;
+    let pngs = images(&r);
+    assert_eq!(pngs.len(), 1, "{}", text(&r));
+    assert_eq!(png_size(&pngs[0]).0, 1024);
+    let link = r
+        .content
+        .iter()
+        .find_map(|c| match c {
+            ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("a link to the full size: {}", text(&r)));
+    let read = s
+        .session
+        .read_resource(ReadResourceRequestParams::new(link))
+        .await
+        .expect("read the full size");
+    let full = match &read.contents[0] {
+        ResourceContents::BlobResourceContents { blob, .. } => {
+            base64::engine::general_purpose::STANDARD
+                .decode(blob)
+                .expect("base64")
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(png_size(&full), (3000, 2000));
 }
