@@ -349,46 +349,29 @@ impl Live {
         }
     }
 
-    /// Read up to `max` bytes at `offset` of the regular file `path` (relative to `/work`)
-    /// of this session's sandbox, from outside it: through `/proc/<init>/root/work`,
-    /// resolved with `openat2` beneath it (no symlink, no magic link, no other mount) and
-    /// opened non-blocking, so nothing the program planted (a link, a fifo) reaches past
-    /// its own files or holds the server. Returns the file's size and the bytes.
+    /// A handle that ends this session's sandbox without the session itself (which a
+    /// running cell holds): its init is killed, and the cell sees the session end.
+    pub fn killer(&self) -> Killer {
+        Killer {
+            helper: self.child.id(),
+        }
+    }
+
+    /// Read up to `max` bytes at `offset` of the regular file `path` of this session's
+    /// `/work` ([`LiveFiles::read_file`]).
     pub fn read_file(&self, path: &str, offset: u64, max: u64) -> Result<(u64, Vec<u8>), String> {
-        use std::io::{Read, Seek, SeekFrom};
-        use std::os::fd::AsFd;
-        gearbox_core::validate_relative_path("path", path).map_err(|e| e.to_string())?;
         if self.dead.is_some() {
             return Err("the live session has ended; its files went with its sandbox".into());
         }
-        let init = self
-            .child
-            .id()
-            .and_then(|helper| children(helper).into_iter().next())
-            .ok_or("the live session's sandbox is not running")?;
-        let no_file = || format!("no file {path:?} in the live session's /work");
-        let work = gearbox_core::tree::open_dir(Path::new(&format!("/proc/{init}/root/work")))
-            .map_err(|e| format!("the live session's /work cannot be read: {e}"))?;
-        let fd = gearbox_core::tree::open_beneath(
-            work.as_fd(),
-            path,
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
-            0,
-        )
-        .map_err(|_| no_file())?;
-        let mut f = std::fs::File::from(fd);
-        let meta = f.metadata().map_err(|_| no_file())?;
-        if !meta.is_file() {
-            return Err(no_file());
+        self.files().read_file(path, offset, max)
+    }
+
+    /// A handle that reads this session's files without the session itself (which a
+    /// running cell holds).
+    pub fn files(&self) -> LiveFiles {
+        LiveFiles {
+            helper: self.child.id(),
         }
-        let size = meta.len();
-        f.seek(SeekFrom::Start(offset.min(size)))
-            .map_err(|e| e.to_string())?;
-        let mut buf = Vec::new();
-        f.take(max)
-            .read_to_end(&mut buf)
-            .map_err(|e| e.to_string())?;
-        Ok((size, buf))
     }
 
     /// Whether the sandbox is still running (not killed, not ended).
@@ -491,6 +474,71 @@ impl Live {
         };
         self.dead = Some(why.clone());
         why
+    }
+}
+
+/// Reads a live session's files from outside its sandbox ([`Live::files`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LiveFiles {
+    helper: Option<u32>,
+}
+
+impl LiveFiles {
+    /// Read up to `max` bytes at `offset` of the regular file `path` (relative to `/work`)
+    /// of the session's sandbox, from outside it: through `/proc/<init>/root/work`, resolved
+    /// with `openat2` beneath it (no symlink, no magic link, no other mount) and opened
+    /// non-blocking, so nothing the program planted (a link, a fifo) reaches past its own
+    /// files or holds the server. Returns the file's size and the bytes.
+    pub fn read_file(&self, path: &str, offset: u64, max: u64) -> Result<(u64, Vec<u8>), String> {
+        use std::io::{Read, Seek, SeekFrom};
+        use std::os::fd::AsFd;
+        gearbox_core::validate_relative_path("path", path).map_err(|e| e.to_string())?;
+        let init = self
+            .helper
+            .and_then(|helper| children(helper).into_iter().next())
+            .ok_or("the live session's sandbox is not running")?;
+        let no_file = || format!("no file {path:?} in the live session's /work");
+        let work = gearbox_core::tree::open_dir(Path::new(&format!("/proc/{init}/root/work")))
+            .map_err(|e| format!("the live session's /work cannot be read: {e}"))?;
+        let fd = gearbox_core::tree::open_beneath(
+            work.as_fd(),
+            path,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+        )
+        .map_err(|_| no_file())?;
+        let mut f = std::fs::File::from(fd);
+        let meta = f.metadata().map_err(|_| no_file())?;
+        if !meta.is_file() {
+            return Err(no_file());
+        }
+        let size = meta.len();
+        f.seek(SeekFrom::Start(offset.min(size)))
+            .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        f.take(max)
+            .read_to_end(&mut buf)
+            .map_err(|e| e.to_string())?;
+        Ok((size, buf))
+    }
+}
+
+/// Ends a live session's sandbox from outside the session ([`Live::killer`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Killer {
+    helper: Option<u32>,
+}
+
+impl Killer {
+    /// Kill the sandbox's init (its helper then cleans up and exits).
+    pub fn kill(&self) {
+        if let Some(helper) = self.helper {
+            for init in children(helper) {
+                // SAFETY: kill has no memory-safety preconditions; the pid is a child of our
+                // helper, which cannot be reaped (and the pid reused) while the helper lives.
+                unsafe { libc::kill(init as i32, libc::SIGKILL) };
+            }
+        }
     }
 }
 

@@ -337,7 +337,7 @@ pub async fn answer(
                 Ok(id) => {
                     let persist = a.persist.unwrap_or(false);
                     if let Some(live) = live_sessions().remove(&id) {
-                        live.lock().await.end().await;
+                        live.end().await;
                     }
                     match store.close(&id, persist) {
                         Err(e) => tool_error(e.to_string()),
@@ -558,18 +558,14 @@ async fn live_artifact(
     a: &ExecGetArtifactArgs,
 ) -> Option<Result<(SessionId, gearbox_sessions::Artifact), String>> {
     let id = SessionId::parse("session_id", &a.session_id).ok()?;
-    let live = live_sessions().get(&id)?;
+    let files = live_sessions().files(&id)?;
     let max = a.max_bytes.unwrap_or(DEFAULT_ARTIFACT_BYTES);
     if max == 0 || max > MAX_ARTIFACT_BYTES {
         return Some(Err(format!(
             "max_bytes: {max} is out of range 1..={MAX_ARTIFACT_BYTES}"
         )));
     }
-    let session = live.lock().await;
-    let read = match session.live.as_ref() {
-        Some(l) => l.read_file(&a.path, a.offset.unwrap_or(0), max),
-        None => Err("the live session has ended".into()),
-    };
+    let read = files.read_file(&a.path, a.offset.unwrap_or(0), max);
     Some(read.map(|(size, content)| {
         (
             id,
@@ -714,7 +710,7 @@ pub async fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceRes
         None => {
             let files = store.files(&id).map_err(|e| not_found(e.to_string()))?;
             let mut body = json!({ "session_id": id.to_string(), "files": files });
-            if let Some(live) = live_state(&id).await {
+            if let Some(live) = live_state(&id) {
                 body["live"] = live;
             }
             Ok(ReadResourceResult::new(vec![
@@ -722,13 +718,9 @@ pub async fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceRes
             ]))
         }
         Some(path) => {
-            let art = match live_sessions().get(&id) {
-                Some(live) => {
-                    let session = live.lock().await;
-                    let (size, content) = session
-                        .live
-                        .as_ref()
-                        .ok_or_else(|| not_found("the live session has ended".into()))?
+            let art = match live_sessions().files(&id) {
+                Some(files) => {
+                    let (size, content) = files
                         .read_file(&path, 0, MAX_ARTIFACT_BYTES)
                         .map_err(not_found)?;
                     gearbox_sessions::Artifact {
@@ -988,6 +980,24 @@ pub struct LiveSession {
     opened_at: std::time::SystemTime,
 }
 
+/// A live session as the registry holds it: the session (locked by a running cell) and a
+/// way to end its sandbox at once, whatever the session is doing.
+#[derive(Clone)]
+struct LiveEntry {
+    session: Arc<tokio::sync::Mutex<LiveSession>>,
+    killer: gearbox_engine::live::Killer,
+    files: gearbox_engine::live::LiveFiles,
+}
+
+impl LiveEntry {
+    /// End the session now: its sandbox is killed at once (a running cell ends), then the
+    /// session is closed once the cell has let go of it.
+    async fn end(&self) {
+        self.killer.kill();
+        self.session.lock().await.end().await;
+    }
+}
+
 impl LiveSession {
     /// End it now (its sandbox is killed).
     async fn end(&mut self) {
@@ -1001,7 +1011,7 @@ impl LiveSession {
 /// session's: the store says when one expired or was closed).
 #[derive(Default)]
 pub struct LiveSessions {
-    map: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<LiveSession>>>>,
+    map: Mutex<HashMap<SessionId, LiveEntry>>,
 }
 
 impl LiveSessions {
@@ -1010,10 +1020,19 @@ impl LiveSessions {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
-            .cloned()
+            .map(|e| e.session.clone())
     }
 
-    fn remove(&self, id: &SessionId) -> Option<Arc<tokio::sync::Mutex<LiveSession>>> {
+    /// The reader of a live session's files (usable while a cell runs).
+    fn files(&self, id: &SessionId) -> Option<gearbox_engine::live::LiveFiles> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .map(|e| e.files)
+    }
+
+    fn remove(&self, id: &SessionId) -> Option<LiveEntry> {
         self.map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -1044,7 +1063,7 @@ pub fn live_sessions() -> &'static LiveSessions {
 pub async fn end_all_live() {
     for id in live_sessions().ids() {
         if let Some(live) = live_sessions().remove(&id) {
-            live.lock().await.end().await;
+            live.end().await;
         }
     }
 }
@@ -1063,7 +1082,7 @@ fn start_reaper(store: Arc<SessionStore>) {
                     };
                     if gone && let Some(live) = live_sessions().remove(&id) {
                         tracing::info!(session = %id, "live session expired; its sandbox ends");
-                        live.lock().await.end().await;
+                        live.end().await;
                     }
                 }
             }
@@ -1111,17 +1130,23 @@ async fn open_live(
         }
     };
     let language = live.language().to_string();
+    let killer = live.killer();
+    let files = live.files();
     live_sessions()
         .map
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(
             id,
-            Arc::new(tokio::sync::Mutex::new(LiveSession {
-                live: Some(live),
-                language: language.clone(),
-                opened_at: std::time::SystemTime::now(),
-            })),
+            LiveEntry {
+                session: Arc::new(tokio::sync::Mutex::new(LiveSession {
+                    live: Some(live),
+                    language: language.clone(),
+                    opened_at: std::time::SystemTime::now(),
+                })),
+                killer,
+                files,
+            },
         );
     start_reaper(store.clone());
     let opened = Opened {
@@ -1253,9 +1278,12 @@ async fn run_live(
 
 /// What `gearbox://sessions/{id}` adds for a live session: its language, cells run, age,
 /// and whether its interpreter still lives.
-pub async fn live_state(id: &SessionId) -> Option<Value> {
+pub fn live_state(id: &SessionId) -> Option<Value> {
     let live = live_sessions().get(id)?;
-    let mut s = live.lock().await;
+    // A running cell holds the session: say so rather than wait for it.
+    let Ok(mut s) = live.try_lock() else {
+        return Some(json!({"alive": true, "busy": true}));
+    };
     let language = s.language.clone();
     let opened_at = s.opened_at;
     let (alive, cells, ended) = match s.live.as_mut() {

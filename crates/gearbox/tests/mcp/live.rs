@@ -626,3 +626,64 @@ async fn a_live_sessions_files_are_read_beneath_its_work_only() {
         other => panic!("{other:?}"),
     }
 }
+
+/// `exec_close` ends a session at once, even while a cell runs (the cell ends with it), and
+/// the session's state can be read meanwhile (it says a cell is running).
+#[tokio::test]
+async fn closing_ends_a_session_at_once_even_during_a_cell() {
+    let dir = TempDir::new("live-close");
+    let s = std::sync::Arc::new(start(&dir.0, "").await);
+    let id = open_live(&s).await;
+    let started = std::time::Instant::now();
+    let running = {
+        let (s, id) = (s.clone(), id.clone());
+        tokio::spawn(async move {
+            call(
+                &s,
+                "exec_run",
+                json!({"session_id": id, "language": "python", "code": "open('/work/f.txt', 'w').write('written before the sleep')\nimport time\ntime.sleep(60)", "timeout_ms": 120000}),
+            )
+            .await
+        })
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let res = s
+            .session
+            .read_resource(ReadResourceRequestParams::new(format!(
+                "gearbox://sessions/{id}"
+            )))
+            .await
+            .expect("read");
+        let body = match &res.contents[0] {
+            rmcp::model::ResourceContents::TextResourceContents { text, .. } => text.clone(),
+            other => panic!("{other:?}"),
+        };
+        if body.contains("\"busy\":true") {
+            // Its files can be read while the cell runs.
+            let r = call(
+                &s,
+                "exec_get_artifact",
+                json!({"session_id": id, "path": "f.txt"}),
+            )
+            .await;
+            if structured(&r)["content"] == "written before the sleep" {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the cell never ran: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = call(&s, "exec_close", json!({"session_id": id})).await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let r = running.await.expect("the cell's call");
+    let v = structured(&r);
+    assert_eq!(v["status"], "killed", "{v}");
+    assert!(
+        started.elapsed() < Duration::from_secs(55),
+        "the cell ran its whole minute: {v}"
+    );
+}
