@@ -226,6 +226,16 @@ async fn a_live_session_shows_the_figures_a_cell_leaves_open_and_a_figure_it_ret
     assert_eq!(pngs.len(), 1, "{}", text(&r));
     assert_eq!(png_size(&pngs[0]), (200, 200));
     assert!(structured(&r).get("result").is_none(), "{}", text(&r));
+    // A DataFrame built in one cell is used in the next.
+    let r = call(
+        &s,
+        "exec_run",
+        cell("import pandas as pd\ndf = pd.DataFrame({'n': range(1000)})\ndf['sq'] = df['n'] ** 2"),
+    )
+    .await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    let r = call(&s, "exec_run", cell("int(df['sq'].sum())")).await;
+    assert_eq!(structured(&r)["result"], "332833500", "{}", text(&r));
     // Nothing left to show in the next cell.
     let r = call(&s, "exec_run", cell("x + 1")).await;
     assert!(images(&r).is_empty(), "{}", text(&r));
