@@ -81,7 +81,7 @@ pub fn env_text(doc: &Value) -> String {
 }
 
 /// Resources listed by `resources/list`: the environment, the snippet index and each snippet.
-pub fn list(engine: &Engine, profiles: &[ToolProfile]) -> Vec<Resource> {
+pub fn list(engine: &Engine, profiles: &[ToolProfile], tenant: &str) -> Vec<Resource> {
     let mut out = vec![
         Resource::new(ENV_URI, "env")
             .with_title("Execution environment")
@@ -121,7 +121,7 @@ pub fn list(engine: &Engine, profiles: &[ToolProfile]) -> Vec<Resource> {
             .with_mime_type("application/json"),
     );
     if profiles.contains(&ToolProfile::Sessions) {
-        out.extend(crate::sessions::list_resources(engine));
+        out.extend(crate::sessions::list_resources(engine, tenant));
     }
     if let Some(dir) = engine.config().snippets_dir.as_deref() {
         for s in snippets::list(dir, engine.language_table()) {

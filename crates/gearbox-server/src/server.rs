@@ -489,14 +489,16 @@ impl GearboxServer {
                 .await
                 .into());
         }
+        let tenant = self.call_info(&request.name, ctx).caller;
         if kind == ToolKind::Session
-            && let Some(answer) = crate::sessions::answer(engine, self.gear(), &request).await
+            && let Some(answer) =
+                crate::sessions::answer(engine, self.gear(), &tenant, &request).await
         {
             return Ok(answer);
         }
         // Attach the session: exec_run, or execute_code with session_id, is execute_code
         // over the session's workspace.
-        let session = match crate::sessions::attach(engine, &mut request) {
+        let session = match crate::sessions::attach(engine, &tenant, &mut request) {
             Ok(s) => s,
             Err(message) => return Ok(crate::sessions::tool_error(message)),
         };
@@ -686,11 +688,13 @@ impl ServerHandler for GearboxServer {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
+        let tenant = self.call_info("resources/list", &ctx).caller;
         Ok(ListResourcesResult::with_all_items(resources::list(
             &self.inner.engine,
             &self.inner.profiles,
+            &tenant,
         )))
     }
 
@@ -709,7 +713,7 @@ impl ServerHandler for GearboxServer {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let uri = request.uri.as_str();
         let result = if uri == resources::ENV_URI || uri == resources::ENV_INFO_URI {
@@ -725,7 +729,12 @@ impl ServerHandler for GearboxServer {
         } else if crate::sessions::is_session_uri(uri)
             && self.inner.profiles.contains(&ToolProfile::Sessions)
         {
-            crate::sessions::read_resource(&self.inner.engine, uri).await?
+            crate::sessions::read_resource(
+                &self.inner.engine,
+                uri,
+                &self.call_info("resources/read", &ctx).caller,
+            )
+            .await?
         } else {
             resources::read_snippets(&self.inner.engine, uri)?
         };

@@ -290,6 +290,7 @@ fn file_uri(id: &SessionId, path: &str) -> String {
 pub async fn answer(
     engine: &Engine,
     gear: gearbox_core::Gear,
+    tenant: &str,
     request: &CallToolRequestParams,
 ) -> Option<CallToolResponse> {
     let name: &str = &request.name;
@@ -304,11 +305,11 @@ pub async fn answer(
     Some(match name {
         EXEC_OPEN => match parse::<ExecOpenArgs>(args) {
             Err(e) => tool_error(e),
-            Ok(a) if a.stateful == Some(true) => open_live(engine, gear, &store, a).await,
+            Ok(a) if a.stateful == Some(true) => open_live(engine, gear, tenant, &store, a).await,
             Ok(a) if a.language.is_some() || a.packages.is_some() => {
                 tool_error("language and packages: only with stateful: true (a live session)")
             }
-            Ok(_) => match store.create() {
+            Ok(_) => match store.create(tenant) {
                 Err(e) => tool_error(e.to_string()),
                 Ok(info) => {
                     let opened = Opened {
@@ -336,6 +337,9 @@ pub async fn answer(
                 Err(e) => tool_error(e),
                 Ok(id) => {
                     let persist = a.persist.unwrap_or(false);
+                    if let Err(e) = store.check_owner(&id, tenant) {
+                        return Some(tool_error(e.to_string()));
+                    }
                     if let Some(live) = live_sessions().remove(&id) {
                         live.end().await;
                     }
@@ -355,9 +359,15 @@ pub async fn answer(
         },
         _ => match parse::<ExecGetArtifactArgs>(args) {
             Err(e) => tool_error(e),
-            Ok(a) => match live_artifact(&a).await {
-                Some(read) => artifact_result(read),
-                None => get_artifact(&store, a),
+            Ok(a) => match SessionId::parse("session_id", &a.session_id)
+                .map_err(|e| e.to_string())
+                .and_then(|id| store.check_owner(&id, tenant).map_err(|e| e.to_string()))
+            {
+                Err(e) => tool_error(e),
+                Ok(()) => match live_artifact(&a).await {
+                    Some(read) => artifact_result(read),
+                    None => get_artifact(&store, a),
+                },
             },
         },
     })
@@ -369,6 +379,7 @@ pub async fn answer(
 /// `Ok(None)` for any other call; `Err` is the message of the tool error to answer.
 pub fn attach(
     engine: &Engine,
+    tenant: &str,
     request: &mut CallToolRequestParams,
 ) -> Result<Option<SessionRun>, String> {
     let named = request.name == EXEC_RUN;
@@ -388,6 +399,7 @@ pub fn attach(
         None => return Err("session_id: missing; open a session with exec_open".into()),
     };
     let store = store(engine)?;
+    store.check_owner(&id, tenant).map_err(|e| e.to_string())?;
     match store.info(&id) {
         Err(e) => return Err(e.to_string()),
         Ok(i) if i.closed => return Err(StoreError::Closed(id).to_string()),
@@ -702,10 +714,17 @@ fn parse_uri(uri: &str) -> Result<(SessionId, Option<String>), String> {
 
 /// `resources/read` of `gearbox://sessions/{id}/files/{path}` (and `gearbox://sessions/{id}`
 /// for the manifest).
-pub async fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceResult, McpError> {
+pub async fn read_resource(
+    engine: &Engine,
+    uri: &str,
+    tenant: &str,
+) -> Result<ReadResourceResult, McpError> {
     let not_found = |m: String| McpError::resource_not_found(m, Some(json!({ "uri": uri })));
     let store = store(engine).map_err(not_found)?;
     let (id, path) = parse_uri(uri).map_err(not_found)?;
+    store
+        .check_owner(&id, tenant)
+        .map_err(|e| not_found(e.to_string()))?;
     match path {
         None => {
             let files = store.files(&id).map_err(|e| not_found(e.to_string()))?;
@@ -758,12 +777,12 @@ pub async fn read_resource(engine: &Engine, uri: &str) -> Result<ReadResourceRes
 
 /// The files of every open session, as resources (at most a few hundred; the template
 /// reaches the rest).
-pub fn list_resources(engine: &Engine) -> Vec<Resource> {
+pub fn list_resources(engine: &Engine, tenant: &str) -> Vec<Resource> {
     let Ok(store) = store(engine) else {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for s in store.list() {
+    for s in store.list_for(tenant) {
         let Ok(id) = SessionId::parse("id", &s.session_id) else {
             continue;
         };
@@ -1093,6 +1112,7 @@ fn start_reaper(store: Arc<SessionStore>) {
 async fn open_live(
     engine: &Engine,
     gear: gearbox_core::Gear,
+    tenant: &str,
     store: &Arc<SessionStore>,
     a: ExecOpenArgs,
 ) -> CallToolResponse {
@@ -1114,7 +1134,7 @@ async fn open_live(
             "at most {max} live sessions may be open at once ([sessions] live_max); close one with exec_close"
         ));
     }
-    let info = match store.create() {
+    let info = match store.create(tenant) {
         Ok(i) => i,
         Err(e) => return tool_error(e.to_string()),
     };

@@ -120,6 +120,10 @@ pub struct SessionInfo {
     pub max_files: usize,
     pub closed: bool,
     pub persist: bool,
+    /// The tenant that opened it (an API key's name, `stdio` on a local server); others
+    /// are told it does not exist.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub owner: String,
 }
 
 /// A slice of one file.
@@ -151,6 +155,9 @@ struct Meta {
     persist: bool,
     #[serde(default)]
     manifest: BTreeMap<String, FileEntry>,
+    /// The tenant that opened the session (empty: made before sessions had owners, anyone's).
+    #[serde(default)]
+    owner: String,
 }
 
 impl Meta {
@@ -390,11 +397,32 @@ impl SessionStore {
             max_files: self.opts.max_files,
             closed: meta.closed,
             persist: meta.persist,
+            owner: meta.owner.clone(),
         }
     }
 
-    /// Open a new session with an empty workspace.
-    pub fn create(&self) -> Result<SessionInfo, StoreError> {
+    /// `id` is a session `tenant` may use: open or persisted, unexpired, and its own.
+    /// Another tenant's session does not exist, as far as `tenant` is told: the ids of
+    /// others are never confirmed.
+    pub fn check_owner(&self, id: &SessionId, tenant: &str) -> Result<(), StoreError> {
+        let meta = self.live_meta(id)?;
+        if meta.owner.is_empty() || meta.owner == tenant {
+            Ok(())
+        } else {
+            Err(StoreError::NotFound(*id))
+        }
+    }
+
+    /// The sessions `tenant` may see ([`SessionStore::list`], its own only).
+    pub fn list_for(&self, tenant: &str) -> Vec<SessionInfo> {
+        self.list()
+            .into_iter()
+            .filter(|s| s.owner.is_empty() || s.owner == tenant)
+            .collect()
+    }
+
+    /// Open a new session with an empty workspace, owned by `owner` (a tenant).
+    pub fn create(&self, owner: &str) -> Result<SessionInfo, StoreError> {
         let open = self.list().iter().filter(|s| !s.closed).count();
         if open >= self.opts.max_sessions {
             self.cleanup(false);
@@ -412,6 +440,7 @@ impl SessionStore {
             closed: false,
             persist: false,
             manifest: BTreeMap::new(),
+            owner: owner.to_string(),
         };
         // Built under a temporary name and renamed into place: a crash leaves no half
         // session under a valid id.
@@ -727,7 +756,7 @@ mod tests {
     async fn files_persist_and_changes_are_listed() {
         let d = tmpdir();
         let store = SessionStore::open(opts(&d)).expect("store");
-        let info = store.create().expect("create");
+        let info = store.create("t").expect("create");
         let id = id_of(&info);
         let run = store.begin_run(&id).await.expect("run");
         assert!(store.workspace_files(&run).expect("files").is_empty());
@@ -772,7 +801,7 @@ mod tests {
         let secret = d.join("host-secret.txt");
         std::fs::write(&secret, "HOST SECRET").expect("plant");
         let store = SessionStore::open(opts(&d)).expect("store");
-        let id = id_of(&store.create().expect("create"));
+        let id = id_of(&store.create("t").expect("create"));
         let files = d.join(id.dir_name()).join(FILES);
         std::os::unix::fs::symlink(&secret, files.join("link.txt")).expect("symlink");
         std::os::unix::fs::symlink("/etc", files.join("etc")).expect("symlink");
@@ -793,7 +822,7 @@ mod tests {
             }
         }
         // The session's own directory as a symlink to elsewhere: refused as well.
-        let other = id_of(&store.create().expect("create"));
+        let other = id_of(&store.create("t").expect("create"));
         let other_files = d.join(other.dir_name()).join(FILES);
         std::fs::remove_dir(&other_files).expect("rmdir");
         std::os::unix::fs::symlink("/etc", &other_files).expect("symlink");
@@ -819,7 +848,7 @@ mod tests {
         o.quota_bytes = 10;
         o.max_files = 2;
         let store = SessionStore::open(o).expect("store");
-        let id = id_of(&store.create().expect("create"));
+        let id = id_of(&store.create("t").expect("create"));
         let run = store.begin_run(&id).await.expect("run");
         store
             .apply(&run, &collected(&[("a", b"12345")]))
@@ -849,8 +878,8 @@ mod tests {
         let mut o = opts(&d);
         o.ttl = Duration::from_secs(1);
         let store = SessionStore::open(o.clone()).expect("store");
-        let id = id_of(&store.create().expect("create"));
-        let kept = id_of(&store.create().expect("create"));
+        let id = id_of(&store.create("t").expect("create"));
+        let kept = id_of(&store.create("t").expect("create"));
         store.close(&kept, true).expect("persist");
         tokio::time::sleep(Duration::from_millis(2100)).await;
         assert!(matches!(store.info(&id), Err(StoreError::NotFound(_))));
@@ -865,13 +894,13 @@ mod tests {
         // Crash leftovers: an expired session, one without metadata, a half-written
         // workspace, a half-deleted directory; and a stranger's file, left alone.
         let store = SessionStore::open(opts(&d)).expect("store");
-        let expired = id_of(&store.create().expect("create"));
+        let expired = id_of(&store.create("t").expect("create"));
         let meta_path = d.join(expired.dir_name()).join(META);
         let mut meta: Meta =
             serde_json::from_slice(&std::fs::read(&meta_path).expect("meta")).expect("json");
         meta.last_used = 1000;
         std::fs::write(&meta_path, serde_json::to_vec(&meta).expect("json")).expect("write");
-        let live = id_of(&store.create().expect("create"));
+        let live = id_of(&store.create("t").expect("create"));
         std::fs::create_dir_all(d.join(live.dir_name()).join(FILES_NEW)).expect("mkdir");
         let orphan = SessionId::new();
         std::fs::create_dir_all(d.join(orphan.dir_name()).join(FILES)).expect("mkdir");
@@ -893,16 +922,16 @@ mod tests {
         let d = tmpdir();
         let store = SessionStore::open(opts(&d)).expect("store");
         let ids: Vec<_> = (0..4)
-            .map(|_| id_of(&store.create().expect("create")))
+            .map(|_| id_of(&store.create("t").expect("create")))
             .collect();
-        assert!(matches!(store.create(), Err(StoreError::TooMany(4))));
+        assert!(matches!(store.create("t"), Err(StoreError::TooMany(4))));
         store.close(&ids[0], true).expect("close");
         assert!(matches!(
             store.begin_run(&ids[0]).await,
             Err(StoreError::Closed(_))
         ));
         store
-            .create()
+            .create("t")
             .expect("a persisted session does not count as open");
         std::fs::remove_dir_all(&d).expect("rm");
     }
@@ -991,7 +1020,7 @@ mod proptests {
         let d = tmpdir();
         std::fs::write(d.join("host-secret.txt"), "SECRET").expect("plant");
         let store = SessionStore::open(opts(&d)).expect("store");
-        let info = store.create().expect("create");
+        let info = store.create("t").expect("create");
         let id = SessionId::parse("id", &info.session_id).expect("id");
         let run = rt.block_on(store.begin_run(&id)).expect("run");
         store
@@ -1031,7 +1060,7 @@ mod proptests {
         let d = tmpdir();
         std::fs::write(d.join("host-secret.txt"), "SECRET").expect("plant");
         let store = SessionStore::open(opts(&d)).expect("store");
-        let info = store.create().expect("create");
+        let info = store.create("t").expect("create");
         let id = SessionId::parse("id", &info.session_id).expect("id");
         let session = d.join(id.dir_name());
         // What a save may change: the files, the metadata, the scratch copy it builds.
@@ -1076,6 +1105,34 @@ mod proptests {
                 Ok(())
             })
             .expect("property");
+        std::fs::remove_dir_all(&d).expect("rm");
+    }
+
+    #[test]
+    fn another_tenants_session_does_not_exist_for_you() {
+        let d = std::env::temp_dir().join(format!("gearbox-sessions-owner-{}", SessionId::new()));
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let store = SessionStore::open(StoreOptions {
+            dir: d.clone(),
+            ttl: Duration::from_secs(3600),
+            quota_bytes: 1 << 20,
+            max_files: 100,
+            max_sessions: 4,
+        })
+        .expect("open");
+        let id = |i: SessionInfo| SessionId::parse("id", &i.session_id).expect("id");
+        let a = id(store.create("alice").expect("create"));
+        store.check_owner(&a, "alice").expect("alice's own");
+        assert!(matches!(
+            store.check_owner(&a, "bob"),
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(store.list_for("alice").len(), 1);
+        assert!(store.list_for("bob").is_empty());
+        let legacy = id(store.create("").expect("create"));
+        store
+            .check_owner(&legacy, "bob")
+            .expect("a session without an owner is anyone's");
         std::fs::remove_dir_all(&d).expect("rm");
     }
 }

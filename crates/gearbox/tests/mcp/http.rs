@@ -15,7 +15,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::support::{TempDir, obj, text};
+use crate::support::{TempDir, obj, structured, text};
 
 const ALICE: &str = "alice-key-0123456789abcdef";
 const BOB: &str = "bob-key-fedcba9876543210";
@@ -731,4 +731,113 @@ async fn a_slow_client_is_cut_off_after_the_header_timeout() {
     assert!(n == 0 || answer.contains("408"), "{answer}");
     assert!(t.elapsed() < Duration::from_secs(3));
     let _ = &d.dir;
+}
+
+async fn call(
+    c: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    tool: &str,
+    args: Value,
+) -> rmcp::model::CallToolResult {
+    c.call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(obj(args)))
+        .await
+        .expect("tools/call")
+}
+
+/// Two tenants (API keys) of one daemon: neither sees, reads, runs in nor closes the other's
+/// sessions (files or live), by list or by id; to the other, they do not exist.
+#[tokio::test]
+async fn a_tenants_sessions_do_not_exist_for_another() {
+    let dir = TempDir::new("tenants");
+    let config = format!(
+        "gear = \"full_trust\"\n[sessions]\ndir = {:?}\n",
+        dir.0.join("sessions").display().to_string()
+    );
+    let d = Daemon::start(Opts {
+        config: &config,
+        extra: &["--profile", "sessions"],
+        ..Opts::default()
+    })
+    .await;
+    let alice = d.client(Some(ALICE)).await;
+    let bob = d.client(Some(BOB)).await;
+    let r = call(&alice, "exec_open", json!({})).await;
+    let files = structured(&r)["session_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let r = call(
+        &alice,
+        "exec_run",
+        json!({"session_id": files, "language": "python", "code": "open('secret.txt', 'w').write('alice only')"}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let r = call(
+        &alice,
+        "exec_open",
+        json!({"stateful": true, "language": "python"}),
+    )
+    .await;
+    let live = structured(&r)["session_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    call(
+        &alice,
+        "exec_run",
+        json!({"session_id": live, "language": "python", "code": "mine = 'alice'"}),
+    )
+    .await;
+    for id in [&files, &live] {
+        for (tool, args) in [
+            (
+                "exec_run",
+                json!({"session_id": id, "language": "python", "code": "print(open('secret.txt').read())"}),
+            ),
+            (
+                "execute_code",
+                json!({"session_id": id, "language": "python", "code": "print(mine)"}),
+            ),
+            (
+                "exec_get_artifact",
+                json!({"session_id": id, "path": "secret.txt"}),
+            ),
+            ("exec_close", json!({"session_id": id})),
+        ] {
+            let r = call(&bob, tool, args).await;
+            assert_eq!(r.is_error, Some(true), "bob's {tool} on {id}: {}", text(&r));
+            assert!(text(&r).contains("does not exist"), "{tool}: {}", text(&r));
+            assert!(!text(&r).contains("alice"), "{tool}: {}", text(&r));
+        }
+        let read = bob
+            .read_resource(rmcp::model::ReadResourceRequestParams::new(format!(
+                "gearbox://sessions/{id}/files/secret.txt"
+            )))
+            .await;
+        assert!(read.is_err(), "bob read alice's file: {read:?}");
+    }
+    let listed = bob.list_all_resources().await.expect("resources/list");
+    assert!(
+        listed
+            .iter()
+            .all(|r| !r.uri.contains(&files) && !r.uri.contains(&live)),
+        "{listed:?}"
+    );
+    // Alice still has both, untouched.
+    let r = call(
+        &alice,
+        "exec_get_artifact",
+        json!({"session_id": files, "path": "secret.txt"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["content"], "alice only", "{}", text(&r));
+    let r = call(
+        &alice,
+        "exec_run",
+        json!({"session_id": live, "language": "python", "code": "mine"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["result"], "'alice'", "{}", text(&r));
+    let listed = alice.list_all_resources().await.expect("resources/list");
+    assert!(listed.iter().any(|r| r.uri.contains(&files)), "{listed:?}");
 }
