@@ -66,6 +66,9 @@ pub struct OpView {
 /// tools), so the approved run is the one that was shown.
 struct Op {
     view: OpView,
+    /// The tenant whose call asked (an API key's name, `local` on stdio): only its calls may
+    /// resume or ask about the operation; to others it does not exist.
+    owner: String,
     hash: String,
     expires: Instant,
     plan: RunPlan,
@@ -158,6 +161,7 @@ impl Approvals {
         capabilities: &BTreeSet<Capability>,
         summary: String,
         report: PolicyReport,
+        owner: &str,
     ) -> Result<OpView, String> {
         self.sweep();
         let id = uuid::Uuid::new_v4().hyphenated().to_string();
@@ -187,6 +191,7 @@ impl Approvals {
             id,
             Op {
                 view: view.clone(),
+                owner: owner.to_string(),
                 hash,
                 expires: Instant::now() + self.ttl,
                 plan,
@@ -278,13 +283,19 @@ impl Approvals {
 
     /// Take an approved operation for its one run. With `hash`, the caller's request must be
     /// the approved one; without, the stored request runs (`approval_status`).
-    pub(crate) fn take(&self, id: &str, hash: Option<&str>) -> Result<Approved, TakeError> {
+    /// Only `tenant`, the tenant that asked, may take it: to any other it is unknown.
+    pub(crate) fn take(
+        &self,
+        id: &str,
+        hash: Option<&str>,
+        tenant: &str,
+    ) -> Result<Approved, TakeError> {
         if !valid_id(id) {
             return Err(TakeError::Unknown);
         }
         self.sweep();
         let mut ops = self.lock();
-        let Some(op) = ops.get_mut(id) else {
+        let Some(op) = ops.get_mut(id).filter(|op| op.owner == tenant) else {
             return Err(TakeError::Unknown);
         };
         match op.view.state {
@@ -670,7 +681,14 @@ mod tests {
             tools: None,
         };
         let v = a
-            .create(plan, hash.clone(), &caps, "wants network".into(), report())
+            .create(
+                plan,
+                hash.clone(),
+                &caps,
+                "wants network".into(),
+                report(),
+                "alice",
+            )
             .expect("create");
         (v, hash)
     }
@@ -681,20 +699,22 @@ mod tests {
         let (v, hash) = pending(&a, "print(1)");
         assert!(valid_id(&v.operation_id));
         assert!(matches!(
-            a.take(&v.operation_id, Some(&hash)),
+            a.take(&v.operation_id, Some(&hash), "alice"),
             Err(TakeError::Pending(_))
         ));
         a.decide(&v.operation_id, true, "local:0", None)
             .await
             .expect("approve");
         assert!(matches!(
-            a.take(&v.operation_id, Some("0000")),
+            a.take(&v.operation_id, Some("0000"), "alice"),
             Err(TakeError::Changed)
         ));
-        let ok = a.take(&v.operation_id, Some(&hash)).expect("approved");
+        let ok = a
+            .take(&v.operation_id, Some(&hash), "alice")
+            .expect("approved");
         assert_eq!(ok.plan.request.code, "print(1)");
         assert!(matches!(
-            a.take(&v.operation_id, Some(&hash)),
+            a.take(&v.operation_id, Some(&hash), "alice"),
             Err(TakeError::Used)
         ));
         assert!(
@@ -705,13 +725,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn another_tenant_cannot_take_or_learn_of_an_operation() {
+        let a = Approvals::new(Duration::from_secs(60), None);
+        let (v, hash) = pending(&a, "print(4)");
+        a.decide(&v.operation_id, true, "local:0", None)
+            .await
+            .expect("approve");
+        assert!(matches!(
+            a.take(&v.operation_id, Some(&hash), "bob"),
+            Err(TakeError::Unknown)
+        ));
+        assert!(matches!(
+            a.take(&v.operation_id, None, "bob"),
+            Err(TakeError::Unknown)
+        ));
+        a.take(&v.operation_id, None, "alice")
+            .expect("its tenant still may");
+    }
+
+    #[tokio::test]
     async fn rejection_carries_the_answer() {
         let a = Approvals::new(Duration::from_secs(60), None);
         let (v, hash) = pending(&a, "print(2)");
         a.decide(&v.operation_id, false, "local:0", Some("not today".into()))
             .await
             .expect("reject");
-        match a.take(&v.operation_id, Some(&hash)) {
+        match a.take(&v.operation_id, Some(&hash), "alice") {
             Err(e @ TakeError::Rejected(_)) => assert!(e.to_string().contains("not today")),
             Err(other) => panic!("expected a rejection, got {other:?}"),
             Ok(_) => panic!("expected a rejection, got a run"),
@@ -729,7 +768,7 @@ mod tests {
         );
         assert!(a.decide(&v.operation_id, true, "x", None).await.is_err());
         assert!(matches!(
-            a.take(&v.operation_id, Some(&hash)),
+            a.take(&v.operation_id, Some(&hash), "alice"),
             Err(TakeError::Expired)
         ));
     }

@@ -255,7 +255,7 @@ impl Gatekeeper {
                 }
             };
             let hash = approval_hash(&plan, &caps);
-            return match self.approvals.take(&id, Some(&hash)) {
+            return match self.approvals.take(&id, Some(&hash), &info.caller) {
                 // The approved plan: equal to this one in everything the hash binds.
                 Ok(approved) => {
                     let mut plan = approved.plan;
@@ -491,10 +491,14 @@ impl Gatekeeper {
         // Out of band.
         let backend_name = backend.unwrap_or(self.engine.config().backend);
         report.operation_id = None;
-        match self
-            .approvals
-            .create(plan.clone(), hash, &caps, question, report.clone())
-        {
+        match self.approvals.create(
+            plan.clone(),
+            hash,
+            &caps,
+            question,
+            report.clone(),
+            &info.caller,
+        ) {
             Ok(view) => {
                 self.audit_elicitation(info, req, &caps, "asked", Some(&view.operation_id))
                     .await;
@@ -516,7 +520,7 @@ impl Gatekeeper {
 
     /// The gate of `approval_status`: the approved plan, whole (its session and its tools
     /// too), with what was granted; else the answer: still pending, or the refusal.
-    pub fn approval_status(&self, id: &str) -> Gate {
+    pub fn approval_status(&self, id: &str, tenant: &str) -> Gate {
         let backend = self.engine.config().backend;
         let report = self.plain_report();
         let deny = |reason: String| {
@@ -535,7 +539,7 @@ impl Gatekeeper {
                     .into(),
             );
         }
-        match self.approvals.take(id, None) {
+        match self.approvals.take(id, None, tenant) {
             Ok(approved) => {
                 let mut plan = approved.plan;
                 grant(&mut plan.request, &approved.capabilities);

@@ -628,7 +628,7 @@ impl GearboxServer {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         // The approved plan, whole: its session and its tools too.
-        let (plan, report) = match self.inner.gatekeeper.approval_status(id) {
+        let (plan, report) = match self.inner.gatekeeper.approval_status(id, &info.caller) {
             Gate::Answer(answer) => return Ok(answer),
             Gate::Run { plan, report } => (plan, report),
         };

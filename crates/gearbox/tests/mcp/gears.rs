@@ -674,7 +674,8 @@ async fn cli_run_follows_the_gear() {
     );
 }
 
-/// `POST /approvals/ID` needs an approver key: the agent's own key cannot approve.
+/// `POST /approvals/ID` needs an approver key: the agent's own key cannot approve; and
+/// another tenant's key can neither resume the operation nor learn that it exists.
 #[tokio::test]
 async fn http_approvals_need_an_approver_key() {
     use rmcp::transport::StreamableHttpClientTransport;
@@ -692,7 +693,7 @@ async fn http_approvals_need_an_approver_key() {
         .arg(format!("127.0.0.1:{port}"))
         .env(
             "GEARBOX_API_KEYS",
-            "agent:agent-key-123456,human:human-key-654321",
+            "agent:agent-key-123456,human:human-key-654321,other:other-key-777777",
         )
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -756,6 +757,28 @@ async fn http_approvals_need_an_approver_key() {
     assert_eq!(r.status().as_u16(), 409, "decided already");
     let mut again = args;
     again["operation_id"] = json!(id);
+    // Another tenant cannot resume it, nor learn that it exists.
+    let other = Plain
+        .serve(StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp"))
+                .auth_header("other-key-777777"),
+        ))
+        .await
+        .expect("initialize over HTTP");
+    for (tool, a) in [
+        ("approval_status", json!({"operation_id": id})),
+        ("execute_code", again.clone()),
+    ] {
+        let r = other
+            .call_tool(CallToolRequestParams::new(tool).with_arguments(obj(a)))
+            .await
+            .expect("call");
+        let t = text(&r);
+        assert_eq!(r.is_error, Some(true), "{tool}: {t}");
+        assert!(t.contains("no such operation"), "{tool}: {t}");
+        assert!(!t.contains("approved over http"), "{tool}: {t}");
+    }
+    let _ = other.cancel().await;
     let r = session
         .call_tool(CallToolRequestParams::new("execute_code").with_arguments(obj(again)))
         .await
