@@ -93,7 +93,6 @@ pub struct Live {
     job: Job,
     next_cell: u64,
     dead: Option<String>,
-    opened: Instant,
 }
 
 impl std::fmt::Debug for Live {
@@ -179,7 +178,6 @@ impl Live {
             job,
             next_cell: 1,
             dead: None,
-            opened: Instant::now(),
         };
         match tokio::time::timeout(READY_TIMEOUT, live.frame()).await {
             Ok(Ok(Some(f))) if f.ready => Ok(live),
@@ -207,11 +205,6 @@ impl Live {
     /// Why the session ended, once it has.
     pub fn dead(&self) -> Option<&str> {
         self.dead.as_deref()
-    }
-
-    /// When the sandbox was opened.
-    pub fn opened(&self) -> Instant {
-        self.opened
     }
 
     /// Cells run so far.
@@ -332,14 +325,7 @@ impl Live {
     /// helper sees it end, removes the session's cgroup and exits. A helper that has not
     /// exited within a few seconds is killed.
     async fn end(&mut self) {
-        if let Some(helper) = self.child.id() {
-            for init in children(helper) {
-                // SAFETY: kill has no memory-safety preconditions; the pid is a child of our
-                // own helper, which cannot be reaped (and the pid reused) while the helper
-                // lives, and the helper waits for it.
-                unsafe { libc::kill(init as i32, libc::SIGKILL) };
-            }
-        }
+        self.killer().kill();
         if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
             .await
             .is_err()

@@ -241,6 +241,32 @@ struct KeyPool {
     last_error: Option<String>,
 }
 
+impl KeyPool {
+    /// A key's pool keeping `min` sandboxes like `template`, none built yet.
+    fn new(
+        template: Job,
+        min: usize,
+        fork_server: Option<&'static str>,
+        egress_root: Option<PathBuf>,
+    ) -> KeyPool {
+        KeyPool {
+            template,
+            min,
+            target: min,
+            ready: VecDeque::new(),
+            filling: 0,
+            fork_server,
+            egress_root,
+            hits: 0,
+            misses: 0,
+            last_refill_ms: 0.0,
+            last_miss: None,
+            failed_in_row: 0,
+            last_error: None,
+        }
+    }
+}
+
 /// Counters per language, for `doctor` and metrics.
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolStats {
@@ -312,24 +338,8 @@ impl WarmPool {
             .launcher
             .as_ref()
             .and_then(|(name, _)| fork_server::serves(name));
-        self.keys().insert(
-            k.clone(),
-            KeyPool {
-                template,
-                min,
-                target: min,
-                ready: VecDeque::new(),
-                filling: 0,
-                fork_server,
-                egress_root: None,
-                hits: 0,
-                misses: 0,
-                last_refill_ms: 0.0,
-                last_miss: None,
-                failed_in_row: 0,
-                last_error: None,
-            },
-        );
+        self.keys()
+            .insert(k.clone(), KeyPool::new(template, min, fork_server, None));
         self.top_up(&k);
     }
 
@@ -341,24 +351,8 @@ impl WarmPool {
         let Some(k) = granted_key(&template, &mounts) else {
             return;
         };
-        self.keys().insert(
-            k,
-            KeyPool {
-                template,
-                min: 0,
-                target: 0,
-                ready: VecDeque::new(),
-                filling: 0,
-                fork_server: None,
-                egress_root: Some(egress_root),
-                hits: 0,
-                misses: 0,
-                last_refill_ms: 0.0,
-                last_miss: None,
-                failed_in_row: 0,
-                last_error: None,
-            },
-        );
+        self.keys()
+            .insert(k, KeyPool::new(template, 0, None, Some(egress_root)));
     }
 
     /// A warm sandbox for `job`: one that is ready, or, when the key's fork server is

@@ -257,14 +257,7 @@ impl Gatekeeper {
             let hash = approval_hash(&plan, &caps);
             return match self.approvals.take(&id, Some(&hash), &info.caller) {
                 // The approved plan: equal to this one in everything the hash binds.
-                Ok(approved) => {
-                    let mut plan = approved.plan;
-                    grant(&mut plan.request, &approved.capabilities);
-                    Gate::Run {
-                        plan,
-                        report: approved.report,
-                    }
-                }
+                Ok(approved) => run_approved(approved),
                 Err(TakeError::Pending(view)) => {
                     let backend_name = backend.unwrap_or(self.engine.config().backend);
                     Gate::Answer(
@@ -540,14 +533,7 @@ impl Gatekeeper {
             );
         }
         match self.approvals.take(id, None, tenant) {
-            Ok(approved) => {
-                let mut plan = approved.plan;
-                grant(&mut plan.request, &approved.capabilities);
-                Gate::Run {
-                    plan,
-                    report: approved.report,
-                }
-            }
+            Ok(approved) => run_approved(approved),
             Err(TakeError::Pending(view)) => {
                 Gate::Answer(tools::pending_result(backend.as_str(), &view, &report).into())
             }
@@ -645,5 +631,15 @@ fn declined_reason(words: Option<&str>) -> String {
     match words.map(str::trim).filter(|w| !w.is_empty()) {
         Some(w) => format!("the human declined this run: {w}"),
         None => "the human declined this run".into(),
+    }
+}
+
+/// An approved operation's plan, with what was granted, as the run to make.
+fn run_approved(approved: crate::approvals::Approved) -> Gate {
+    let mut plan = approved.plan;
+    grant(&mut plan.request, &approved.capabilities);
+    Gate::Run {
+        plan,
+        report: approved.report,
     }
 }

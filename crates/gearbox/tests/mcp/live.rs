@@ -8,10 +8,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ReadResourceRequestParams};
 use rmcp::service::RunningService;
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use crate::support::{TempDir, obj, structured, text};
@@ -37,16 +36,7 @@ async fn start_with(dir: &Path, extra: &str, sessions: &str) -> Server {
         ),
     )
     .expect("write config");
-    let transport = TokioChildProcess::new(
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
-            c.arg("--config")
-                .arg(&config)
-                .args(["serve", "--profile", "sessions"]);
-        }),
-    )
-    .expect("spawn gearbox serve");
-    let pid = transport.id().expect("pid");
-    let session = ().serve(transport).await.expect("initialize");
+    let (session, pid) = crate::support::serve_sessions(&config).await;
     Server { session, pid }
 }
 
@@ -473,16 +463,7 @@ async fn packages_given_at_open_are_importable_and_need_full_trust() {
         .expect("config")
         .replace("gear = \"full_trust\"", "gear = \"user_confirmed\"");
     std::fs::write(&config, text_config).expect("config");
-    let transport = TokioChildProcess::new(
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
-            c.arg("--config")
-                .arg(&config)
-                .args(["serve", "--profile", "sessions"]);
-        }),
-    )
-    .expect("spawn");
-    let pid = transport.id().expect("pid");
-    let session = ().serve(transport).await.expect("initialize");
+    let (session, pid) = crate::support::serve_sessions(&config).await;
     let s = Server { session, pid };
     let r = call(
         &s,

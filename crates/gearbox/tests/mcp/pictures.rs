@@ -8,13 +8,12 @@
 use std::path::PathBuf;
 
 use base64::Engine as _;
+use rmcp::RoleClient;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ContentBlock, ReadResourceRequestParams,
     ResourceContents,
 };
 use rmcp::service::RunningService;
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use crate::support::{TempDir, obj, structured, text};
@@ -62,15 +61,7 @@ async fn start(tag: &str) -> Server {
         ),
     )
     .expect("config");
-    let transport = TokioChildProcess::new(
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
-            c.arg("--config")
-                .arg(&config)
-                .args(["serve", "--profile", "sessions"]);
-        }),
-    )
-    .expect("spawn gearbox serve");
-    let session = ().serve(transport).await.expect("initialize");
+    let (session, _) = crate::support::serve_sessions(&config).await;
     Server { session, _dir: dir }
 }
 

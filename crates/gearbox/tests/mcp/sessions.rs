@@ -6,12 +6,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rmcp::RoleClient;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ReadResourceRequestParams, ResourceContents,
 };
 use rmcp::service::RunningService;
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use crate::support::{TempDir, obj, structured, text};
@@ -32,16 +31,7 @@ async fn start(dir: &Path, ttl_secs: u64) -> Server {
         ),
     )
     .expect("write config");
-    let transport = TokioChildProcess::new(
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
-            c.arg("--config")
-                .arg(&config)
-                .args(["serve", "--profile", "sessions"]);
-        }),
-    )
-    .expect("spawn gearbox serve");
-    let pid = transport.id().expect("pid");
-    let session = ().serve(transport).await.expect("initialize");
+    let (session, pid) = crate::support::serve_sessions(&config).await;
     Server { session, pid }
 }
 

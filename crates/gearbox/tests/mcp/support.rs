@@ -53,3 +53,23 @@ pub fn manifest_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
+
+/// `gearbox --config CONFIG serve --profile sessions` over stdio, with rmcp's client
+/// connected: the client and the server's pid.
+pub async fn serve_sessions(
+    config: &std::path::Path,
+) -> (rmcp::service::RunningService<rmcp::RoleClient, ()>, u32) {
+    use rmcp::ServiceExt;
+    use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox")).configure(|c| {
+            c.arg("--config")
+                .arg(config)
+                .args(["serve", "--profile", "sessions"]);
+        }),
+    )
+    .expect("spawn gearbox serve");
+    let pid = transport.id().expect("pid");
+    let session = ().serve(transport).await.expect("initialize");
+    (session, pid)
+}
