@@ -143,7 +143,9 @@ pub struct ToolCallRecord {
 struct RunState {
     broker: Broker,
     policy: CallPolicy,
-    started: Instant,
+    /// When the run began (or, in a live session, its current cell): `wall_clock_ms` counts
+    /// from here.
+    started: Mutex<Instant>,
     calls: AtomicU32,
     records: Mutex<Vec<ToolCallRecord>>,
     sink: Arc<dyn ArtifactSink>,
@@ -214,7 +216,7 @@ pub(crate) async fn open(
         state: Arc::new(RunState {
             broker: broker.clone(),
             policy,
-            started: Instant::now(),
+            started: Mutex::new(Instant::now()),
             calls: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),
             sink,
@@ -305,6 +307,20 @@ impl RunChannel {
             .lock()
             .map(|r| r.clone())
             .unwrap_or_default()
+    }
+
+    /// Start the limits afresh, for the next cell of a live session: `max_calls` and
+    /// `wall_clock_ms` count from now, and the calls recorded so far are returned and
+    /// forgotten (each cell reports its own).
+    pub fn begin_cell(&self) -> Vec<ToolCallRecord> {
+        *self.state.started.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.state.calls.store(0, Ordering::SeqCst);
+        std::mem::take(&mut *self.state.records.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The calls recorded since the last [`RunChannel::begin_cell`] (or the start), taken.
+    pub fn take_records(&self) -> Vec<ToolCallRecord> {
+        std::mem::take(&mut *self.state.records.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Stop serving (calls in flight are cancelled), remove the directory and return the
@@ -603,7 +619,8 @@ async fn call(req: &Request, state: &RunState) -> Result<Value, Refusal> {
         }
     };
     let wall = Duration::from_millis(limits.wall_clock_ms);
-    let left = wall.saturating_sub(state.started.elapsed());
+    let started = *state.started.lock().unwrap_or_else(|p| p.into_inner());
+    let left = wall.saturating_sub(started.elapsed());
     if left.is_zero() {
         let m = format!(
             "the run's tool-call wall clock ({} ms, wall_clock_ms) is spent",
@@ -1010,7 +1027,7 @@ mod proptests {
             broker,
             policy: CallPolicy::new(ALLOW.iter().map(|s| s.to_string()).collect(), limits)
                 .expect("valid policy"),
-            started: Instant::now(),
+            started: Mutex::new(Instant::now()),
             calls: AtomicU32::new(0),
             records: Mutex::new(Vec::new()),
             sink: Arc::new(NoSink),

@@ -301,11 +301,12 @@ impl Engine {
 
     /// Open a live session's interpreter: `language`'s live launcher in a sandbox of its own
     /// with the configured limits, the wall clock being `[sessions] live_max_age_secs`. Only
-    /// on the linux backend (a live session needs the helper's sandbox).
+    /// on the linux backend (a live session needs the helper's sandbox). `template` gives
+    /// the language, the packages and what the server adds (the tool channel's mount and
+    /// variables); its code and files are not used.
     pub async fn open_live(
         &self,
-        language: &str,
-        packages: Vec<String>,
+        mut template: ExecRequest,
     ) -> Result<gearbox_sandbox::live::Live, String> {
         if self.config.backend != BackendKind::Linux {
             return Err(format!(
@@ -313,13 +314,11 @@ impl Engine {
                 self.config.backend
             ));
         }
-        let name = self.languages.normalize(language)?;
+        let name = self.languages.normalize(&template.language)?;
         let resolved = self.resolve(&name)?;
-        let mut template = ExecRequest {
-            language: name,
-            packages,
-            ..Default::default()
-        };
+        template.language = name;
+        template.code.clear();
+        template.files.clear();
         // The layer stays on disk (cached, its last use recorded); its mounts and variables
         // are now the job's.
         let _layer = self

@@ -76,16 +76,36 @@ pub struct ExecuteCodeArgs {
     /// (`everything/*`). Python: `import gearbox; gearbox.call_tool(server, tool, {...})` or
     /// `from tools import SERVER` (typed stubs); Node: `require("gearbox").callTool(...)`.
     /// See `servers_list` and `tool_stubs`. The run's result lists the calls (`tool_calls`).
+    #[allow(
+        dead_code,
+        reason = "schema only: broker::access reads the tool fields"
+    )]
     pub allow_tools: Option<Vec<String>>,
     /// Milliseconds after which tool calls are refused; also caps the run's `timeout_ms`.
     /// Only with `allow_tools`; default and maximum from the server's `[broker]`.
+    #[allow(
+        dead_code,
+        reason = "schema only: broker::access reads the tool fields"
+    )]
     pub wall_clock_ms: Option<u64>,
     /// Milliseconds one tool call may take (it is cancelled past it). Only with `allow_tools`.
+    #[allow(
+        dead_code,
+        reason = "schema only: broker::access reads the tool fields"
+    )]
     pub per_call_ms: Option<u64>,
     /// Tool calls the code may make. Only with `allow_tools`.
+    #[allow(
+        dead_code,
+        reason = "schema only: broker::access reads the tool fields"
+    )]
     pub max_calls: Option<u32>,
     /// KiB of one tool result given to the code; a larger result becomes an artifact (the
     /// code gets a preview and its id). Only with `allow_tools`.
+    #[allow(
+        dead_code,
+        reason = "schema only: broker::access reads the tool fields"
+    )]
     pub max_output_kb: Option<u64>,
     /// Network for this run: `true` (any public host), or the hosts the code needs
     /// (`["pypi.org", "*.pythonhosted.org", "api.example.com:8443"]`; without a port, 80 and

@@ -20,7 +20,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::args::{ExecuteCodeArgs, parse};
+use crate::args::parse;
 
 /// The discovery tools of the `broker` profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,13 +288,26 @@ pub fn refused(message: String) -> CallToolResponse {
 /// when it asks for none. An error is the refusal's text: limits without `allow_tools`, a
 /// server without `[[targets]]`, an invalid allowlist or limit. `max_timeout_ms` is the
 /// configured maximum of a run's `timeout_ms`.
+/// The tool fields of `execute_code`'s and `exec_open`'s arguments (the others ignored).
+#[derive(Debug, Default, Deserialize)]
+struct ToolArgs {
+    allow_tools: Option<Vec<String>>,
+    wall_clock_ms: Option<u64>,
+    per_call_ms: Option<u64>,
+    max_calls: Option<u32>,
+    max_output_kb: Option<u64>,
+}
+
 pub fn access(
     broker: Option<&Broker>,
     max_timeout_ms: u64,
     args: Option<&JsonObject>,
 ) -> Result<Option<ToolAccess>, String> {
-    // Arguments that do not parse are answered by the call's own parsing, naming the field.
-    let access: ExecuteCodeArgs = parse(args).unwrap_or_default();
+    // Arguments that do not parse are answered by the call's own parsing (execute_code's or
+    // exec_open's), naming the field.
+    let access: ToolArgs = args
+        .and_then(|a| serde_json::from_value(Value::Object(a.clone())).ok())
+        .unwrap_or_default();
     let Some(allow) = access.allow_tools else {
         if access.wall_clock_ms.is_some()
             || access.per_call_ms.is_some()
@@ -364,6 +377,14 @@ impl OpenTools {
     /// Add the channel to `req`: its directory as a read-only mount, its environment, and
     /// the run's wall clock as a ceiling of the program's timeout.
     pub fn apply(&self, req: &mut ExecRequest) {
+        self.apply_live(req);
+        let cap = self.timeout_cap_ms;
+        req.limits.timeout_ms = Some(req.limits.timeout_ms.map_or(cap, |t| t.min(cap)));
+    }
+
+    /// Add the channel to a live session's interpreter: its directory and environment
+    /// (a cell's wall clock is the channel's, from [`OpenTools::begin_cell`]).
+    pub fn apply_live(&self, req: &mut ExecRequest) {
         req.mounts.push(self.channel.dir().to_path_buf());
         for (k, v) in self.channel.env() {
             let value = match req.env.get(&k) {
@@ -372,8 +393,17 @@ impl OpenTools {
             };
             req.env.insert(k, value);
         }
-        let cap = self.timeout_cap_ms;
-        req.limits.timeout_ms = Some(req.limits.timeout_ms.map_or(cap, |t| t.min(cap)));
+    }
+
+    /// A live session's next cell begins: its limits count from now. Returns the calls
+    /// made since the last cell's result (by code still running in the background).
+    pub fn begin_cell(&self) -> Vec<ToolCallRecord> {
+        self.channel.begin_cell()
+    }
+
+    /// The calls made since [`OpenTools::begin_cell`].
+    pub fn take_records(&self) -> Vec<ToolCallRecord> {
+        self.channel.take_records()
     }
 
     /// Close the channel (calls in flight are cancelled) and return the calls made.

@@ -417,8 +417,13 @@ impl GearboxServer {
             session,
             tools,
         } = plan;
+        // A live session's channel is already open, with its sandbox.
+        let live = session
+            .as_ref()
+            .is_some_and(|s| crate::sessions::live_sessions().tools_of(s.id()).is_some());
         let channel = match &tools {
             None => None,
+            Some(_) if live => None,
             Some(t) => Some(
                 t.open(self.broker())
                     .await
@@ -432,9 +437,9 @@ impl GearboxServer {
             .guarded_run(request, backend, session.as_ref(), Some(report), info, ctx)
             .await;
         let tool_calls = channel.map(|c| c.finish());
-        Ok(done.map(|(outcome, session)| Done {
+        Ok(done.map(|(outcome, mut session)| Done {
             outcome,
-            tool_calls,
+            tool_calls: tool_calls.or_else(|| session.as_mut().and_then(|r| r.tool_calls.take())),
             session,
         }))
     }
@@ -492,7 +497,7 @@ impl GearboxServer {
         let tenant = self.call_info(&request.name, ctx).caller;
         if kind == ToolKind::Session
             && let Some(answer) =
-                crate::sessions::answer(engine, self.gear(), &tenant, &request).await
+                crate::sessions::answer(engine, self.broker(), self.gear(), &tenant, &request).await
         {
             return Ok(answer);
         }
@@ -569,8 +574,20 @@ impl GearboxServer {
             }
             Ok(Prepared::Run { request, backend }) => (request, backend),
         };
-        // The tool access is checked now and opened only after the gear.
-        let tools = if kind == ToolKind::ExecuteCode {
+        // The tool access is checked now and opened only after the gear. A live session's
+        // cell calls the tools its session was opened with, through the session's channel.
+        let live_tools = session
+            .as_ref()
+            .and_then(|s| crate::sessions::live_sessions().tools_of(s.id()));
+        let tools = if let Some(access) = live_tools {
+            if args.is_some_and(|a| a.contains_key("allow_tools")) {
+                return Ok(finish(crate::broker::refused(
+                    "allow_tools: a live session's tools are given when it opens (exec_open)"
+                        .into(),
+                )));
+            }
+            access
+        } else if kind == ToolKind::ExecuteCode {
             let max_timeout_ms = engine.config().limits.timeout_ms;
             match crate::broker::access(self.broker(), max_timeout_ms, args) {
                 Ok(t) => t,

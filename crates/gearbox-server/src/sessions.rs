@@ -57,6 +57,19 @@ pub struct ExecOpenArgs {
     /// into a cached layer mounted when the session opens. Only where the server's gear is
     /// `full_trust` (opening asks no human).
     pub packages: Option<Vec<String>>,
+    /// With `stateful: true`: the downstream tools (`server/tool` globs) the live
+    /// interpreter may call through the `gearbox` SDK, as `execute_code`'s `allow_tools`.
+    /// The limits below apply to each cell; each cell's result lists the calls it made, and
+    /// each cell is gated as a run that calls tools.
+    pub allow_tools: Option<Vec<String>>,
+    /// Milliseconds from a cell's start after which its tool calls are refused.
+    pub wall_clock_ms: Option<u64>,
+    /// Milliseconds one tool call may take.
+    pub per_call_ms: Option<u64>,
+    /// Tool calls (and listings) one cell may make.
+    pub max_calls: Option<u32>,
+    /// KiB of one tool result handed to the code; a larger one becomes an artifact.
+    pub max_output_kb: Option<u64>,
 }
 
 /// Arguments of `exec_close`.
@@ -111,6 +124,9 @@ pub struct RunReport {
     skipped: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
+    /// A live cell's tool calls (shaped into the result as `tool_calls`, as any run's).
+    #[serde(skip)]
+    pub(crate) tool_calls: Option<Vec<gearbox_broker::ToolCallRecord>>,
 }
 
 /// The session a run uses: its store and its id, checked open when the call was planned.
@@ -289,6 +305,7 @@ fn file_uri(id: &SessionId, path: &str) -> String {
 /// for any other tool. Only called for tools this server exposes.
 pub async fn answer(
     engine: &Engine,
+    broker: Option<&gearbox_broker::Broker>,
     gear: gearbox_core::Gear,
     tenant: &str,
     request: &CallToolRequestParams,
@@ -305,9 +322,22 @@ pub async fn answer(
     Some(match name {
         EXEC_OPEN => match parse::<ExecOpenArgs>(args) {
             Err(e) => tool_error(e),
-            Ok(a) if a.stateful == Some(true) => open_live(engine, gear, tenant, &store, a).await,
-            Ok(a) if a.language.is_some() || a.packages.is_some() => {
-                tool_error("language and packages: only with stateful: true (a live session)")
+            Ok(a) if a.stateful == Some(true) => {
+                open_live(engine, broker, gear, tenant, &store, a, args).await
+            }
+            Ok(a)
+                if a.language.is_some()
+                    || a.packages.is_some()
+                    || a.allow_tools.is_some()
+                    || a.wall_clock_ms.is_some()
+                    || a.per_call_ms.is_some()
+                    || a.max_calls.is_some()
+                    || a.max_output_kb.is_some() =>
+            {
+                tool_error(
+                    "language, packages and allow_tools: only with stateful: true (a live \
+                     session); a session of files takes them on each exec_run",
+                )
             }
             Ok(_) => match store.create(tenant) {
                 Err(e) => tool_error(e.to_string()),
@@ -997,6 +1027,8 @@ pub struct LiveSession {
     live: Option<gearbox_engine::live::Live>,
     language: String,
     opened_at: std::time::SystemTime,
+    /// The tool channel its interpreter was started with (`allow_tools` at open).
+    tools: Option<crate::broker::OpenTools>,
 }
 
 /// A live session as the registry holds it: the session (locked by a running cell) and a
@@ -1006,6 +1038,8 @@ struct LiveEntry {
     session: Arc<tokio::sync::Mutex<LiveSession>>,
     killer: gearbox_engine::live::Killer,
     files: gearbox_engine::live::LiveFiles,
+    /// What its tools are (`allow_tools` and limits at open): each cell is gated with it.
+    access: Option<crate::broker::ToolAccess>,
 }
 
 impl LiveEntry {
@@ -1023,6 +1057,8 @@ impl LiveSession {
         if let Some(live) = self.live.take() {
             live.close().await;
         }
+        // The channel closes with the sandbox (its directory is removed).
+        self.tools.take();
     }
 }
 
@@ -1040,6 +1076,15 @@ impl LiveSessions {
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
             .map(|e| e.session.clone())
+    }
+
+    /// Whether `id` is a live session of this process, and the tools its cells may call.
+    pub fn tools_of(&self, id: &SessionId) -> Option<Option<crate::broker::ToolAccess>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .map(|e| e.access.clone())
     }
 
     /// The reader of a live session's files (usable while a cell runs).
@@ -1111,10 +1156,12 @@ fn start_reaper(store: Arc<SessionStore>) {
 
 async fn open_live(
     engine: &Engine,
+    broker: Option<&gearbox_broker::Broker>,
     gear: gearbox_core::Gear,
     tenant: &str,
     store: &Arc<SessionStore>,
     a: ExecOpenArgs,
+    args: Option<&JsonObject>,
 ) -> CallToolResponse {
     let Some(language) = a.language else {
         return tool_error(
@@ -1128,12 +1175,30 @@ async fn open_live(
              not allow without asking; open it without packages, or on a full_trust server"
         ));
     }
+    // The tools the interpreter may call: checked now, the channel opened with the sandbox.
+    // Each cell is then gated as a run that calls tools (user_confirmed asks per cell).
+    let access = match crate::broker::access(broker, engine.config().limits.timeout_ms, args) {
+        Ok(a) => a,
+        Err(message) => return tool_error(message),
+    };
+    if access.is_some() && gear < gearbox_core::Gear::UserConfirmed {
+        return tool_error(format!(
+            "allow_tools: the {gear} gear denies tools, so no cell of this session could use them"
+        ));
+    }
     let max = engine.config().sessions.live_max.max(1);
     if live_sessions().count() >= max {
         return tool_error(format!(
             "at most {max} live sessions may be open at once ([sessions] live_max); close one with exec_close"
         ));
     }
+    let tools = match &access {
+        None => None,
+        Some(t) => match t.open(broker).await {
+            Ok(open) => Some(open),
+            Err(message) => return tool_error(message),
+        },
+    };
     let info = match store.create(tenant) {
         Ok(i) => i,
         Err(e) => return tool_error(e.to_string()),
@@ -1142,7 +1207,15 @@ async fn open_live(
         Ok(id) => id,
         Err(e) => return tool_error(e),
     };
-    let live = match engine.open_live(&language, packages).await {
+    let mut template = ExecRequest {
+        language,
+        packages,
+        ..Default::default()
+    };
+    if let Some(t) = &tools {
+        t.apply_live(&mut template);
+    }
+    let live = match engine.open_live(template).await {
         Ok(l) => l,
         Err(e) => {
             let _ = store.close(&id, false);
@@ -1163,9 +1236,11 @@ async fn open_live(
                     live: Some(live),
                     language: language.clone(),
                     opened_at: std::time::SystemTime::now(),
+                    tools,
                 })),
                 killer,
                 files,
+                access,
             },
         );
     start_reaper(store.clone());
@@ -1243,12 +1318,17 @@ async fn run_live(
         .output_bytes
         .unwrap_or(limits.output_bytes)
         .min(limits.output_bytes) as usize;
-    let Some(interpreter) = session.live.as_mut() else {
+    let s = &mut *session;
+    let Some(interpreter) = s.live.as_mut() else {
         return refuse("the live session has ended".into());
     };
+    let mut calls = s.tools.as_ref().map(|t| t.begin_cell());
     let cell = interpreter
         .run_cell(&req.code, Duration::from_millis(timeout_ms), output)
         .await;
+    if let (Some(calls), Some(t)) = (calls.as_mut(), s.tools.as_ref()) {
+        calls.extend(t.take_records());
+    }
     use gearbox_engine::live::CellStatus;
     let (status, reason) = match cell.status {
         CellStatus::Ok => (gearbox_core::Status::Ok, None),
@@ -1293,6 +1373,7 @@ async fn run_live(
             });
         }
     }
+    report.tool_calls = calls;
     (outcome, report)
 }
 

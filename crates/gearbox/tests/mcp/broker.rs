@@ -627,3 +627,141 @@ async fn a_run_resumed_by_approval_status_keeps_its_tools_and_session() {
         text(&r)
     );
 }
+
+/// A live session opened with `allow_tools`: every cell of its interpreter reaches the
+/// tools through the session's channel, the limits apply to each cell, each result lists
+/// that cell's calls, and closing the session removes the channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_sessions_cells_call_tools_within_per_cell_limits() {
+    let s = start_with("full_trust", &["sessions", "broker"]).await;
+    let opened = call(
+        &s,
+        "exec_open",
+        json!({"stateful": true, "language": "python",
+               "allow_tools": ["everything/get-sum", "memory/*"], "max_calls": 2}),
+    )
+    .await;
+    assert_ne!(opened.is_error, Some(true), "{}", text(&opened));
+    let id = structured(&opened)["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    let cell = |code: &str| json!({"session_id": id, "language": "python", "code": code});
+
+    let r = call(
+        &s,
+        "exec_run",
+        cell("from tools import everything\nimport os\nsock = os.environ['GEARBOX_BROKER']\nt = everything.get_sum(a=40, b=2)\nt"),
+    )
+    .await;
+    let v = structured(&r);
+    assert_eq!(v["status"], "ok", "{}", text(&r));
+    assert!(v["result"].to_string().contains("42"), "{v}");
+    assert_eq!(outcomes(&r), ["everything/get-sum ok"]);
+
+    // State persists; a cell without calls reports none.
+    let r = call(&s, "exec_run", cell("sock")).await;
+    let v = structured(&r);
+    let sock = v["result"]
+        .as_str()
+        .unwrap_or("")
+        .trim_matches('\'')
+        .to_string();
+    assert!(sock.ends_with("broker.sock"), "{v}");
+    assert!(
+        Path::new(&sock).exists(),
+        "the channel lives with the session: {sock}"
+    );
+    assert_eq!(outcomes(&r), Vec::<String>::new());
+
+    // max_calls counts per cell: two calls pass (three in the session so far), the third
+    // is refused; a tool outside the allowlist is refused.
+    let code = "import gearbox\nout = []\nfor i in range(3):\n    try:\n        out.append(everything.get_sum(a=i, b=1))\n    except Exception as e:\n        out.append(type(e).__name__)\nprint(out)\n";
+    let r = call(&s, "exec_run", cell(code)).await;
+    let v = structured(&r);
+    assert_eq!(v["status"], "ok", "{}", text(&r));
+    assert!(
+        v["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("CallLimitExceeded"),
+        "{v}"
+    );
+    assert_eq!(
+        outcomes(&r),
+        [
+            "everything/get-sum ok",
+            "everything/get-sum ok",
+            "everything/get-sum call_limit"
+        ]
+    );
+    let r = call(
+        &s,
+        "exec_run",
+        cell("try:\n    gearbox.call_tool('everything', 'echo', {'message': 'x'})\nexcept Exception as e:\n    print(type(e).__name__)"),
+    )
+    .await;
+    assert!(
+        structured(&r)["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("ToolNotAllowed"),
+        "{}",
+        text(&r)
+    );
+
+    // A cell cannot bring tools of its own.
+    let mut args = cell("1");
+    args["allow_tools"] = json!(["filesystem/*"]);
+    let r = call(&s, "exec_run", args).await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("exec_open"), "{}", text(&r));
+
+    let closed = call(&s, "exec_close", json!({"session_id": id})).await;
+    assert_ne!(closed.is_error, Some(true), "{}", text(&closed));
+    assert!(
+        !Path::new(&sock).exists(),
+        "closing removes the channel: {sock}"
+    );
+
+    // JavaScript: a cell's promise is awaited.
+    let opened = call(
+        &s,
+        "exec_open",
+        json!({"stateful": true, "language": "javascript", "allow_tools": ["everything/echo"]}),
+    )
+    .await;
+    let id = structured(&opened)["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    let r = call(
+        &s,
+        "exec_run",
+        json!({"session_id": id, "language": "javascript",
+               "code": "const g = require('gearbox'); g.callTool('everything', 'echo', {message: 'from a cell'})"}),
+    )
+    .await;
+    let v = structured(&r);
+    assert_eq!(v["status"], "ok", "{}", text(&r));
+    assert!(v["result"].to_string().contains("from a cell"), "{v}");
+    assert_eq!(outcomes(&r), ["everything/echo ok"]);
+}
+
+/// A gear that denies tools cannot open a live session with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_session_gets_no_tools_where_the_gear_denies_them() {
+    let s = start_with("restricted", &["sessions", "broker"]).await;
+    let r = call(
+        &s,
+        "exec_open",
+        json!({"stateful": true, "language": "python", "allow_tools": ["everything/*"]}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(
+        text(&r).contains("restricted gear denies tools"),
+        "{}",
+        text(&r)
+    );
+}
