@@ -271,7 +271,11 @@ pub(crate) fn outputs_from(outcome: &mut Outcome, collected: Collected) {
         .summary
         .skipped
         .iter()
-        .map(|s| format!("{dir}/{s}"))
+        .map(|s| match s.strip_prefix('"') {
+            // `"name": why`, as the walk lists it.
+            Some(rest) => format!("\"{dir}/{rest}"),
+            None => format!("{dir}/{s}"),
+        })
         .collect();
     let unlisted = collected
         .summary
