@@ -449,9 +449,11 @@ impl GearboxServer {
         session: Option<&SessionRun>,
         tenant: &str,
     ) -> CallToolResponse {
-        // A run without a session: its outputs are kept for its tenant and linked.
+        // A run without a session: its outputs are kept for its tenant and linked (by the
+        // tools whose result is the outcome).
+        let links = !matches!(kind, ToolKind::CodeExecPython | ToolKind::ListPackages);
         let mut kept;
-        let outcome = if session.is_none() && !done.outcome.outputs.is_empty() {
+        let outcome = if links && session.is_none() && !done.outcome.outputs.is_empty() {
             kept = done.outcome.clone();
             crate::runs::keep(tenant, &mut kept);
             &kept

@@ -174,3 +174,49 @@ async fn a_background_writer_does_not_keep_the_run_alive() {
         }
     }
 }
+
+/// `gearbox run --outputs DIR` writes the outputs into DIR; an existing file there is not
+/// overwritten.
+#[test]
+fn gearbox_run_writes_outputs_into_a_directory() {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!("gearbox-run-outputs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |dir: &std::path::Path| {
+        let mut child = std::process::Command::new(crate::support::gearbox_bin())
+            .args(["run", "--language", "python", "--outputs"])
+            .arg(dir)
+            .arg("-")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn gearbox run");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(writer("python").as_bytes())
+            .expect("write");
+        child.wait_with_output().expect("wait")
+    };
+    let out = run(&dir);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"done\n");
+    assert_eq!(
+        std::fs::read(dir.join("a.csv")).expect("a.csv"),
+        b"x,y\n1,2\n"
+    );
+    let png: Vec<u8> = (0..4).flat_map(|_| 0..=255u8).collect();
+    assert_eq!(std::fs::read(dir.join("sub/b.png")).expect("b.png"), png);
+    // Again into the same directory: refused, the file kept.
+    std::fs::write(dir.join("a.csv"), "mine").expect("write");
+    let out = run(&dir);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a.csv"),
+        "{out:?}"
+    );
+    assert_eq!(std::fs::read(dir.join("a.csv")).expect("a.csv"), b"mine");
+    std::fs::remove_dir_all(&dir).expect("rm");
+}
