@@ -557,7 +557,8 @@ impl Slot {
                         Ok(true)
                     } else {
                         Err(format!(
-                            "the sandbox did not stop within {OUTPUTS_TIMEOUT:?} after its program"
+                            "the sandbox did not stop the rest of the run within \
+                             {OUTPUTS_TIMEOUT:?} after its program"
                         ))
                     };
                     break;
