@@ -26,10 +26,10 @@ pub use names::{NameError, validate_relative_path};
 pub use network::{
     EGRESS_PROXY_PORT, EgressHost, EgressLedger, EgressRefusal, HostPattern, Network,
 };
-pub use outcome::{Outcome, ResourceUsage, Status};
+pub use outcome::{Outcome, OutputFile, ResourceUsage, Status, mime_for};
 pub use request::{Encoding, ExecRequest, FileInput, Job, JobFile, LAUNCHER_PATH, SANDBOX_HOST_ID};
 pub use sandbox::{BackendKind, BackendReport, CollectFuture, RunFuture, Sandbox, SandboxError};
-pub use tree::{CollectLimits, Collected, WalkSummary};
+pub use tree::{CollectLimits, Collected, OUTPUT_LIMITS, WalkSummary};
 
 /// Cases for a property test: `default`, or `PROPTEST_CASES` when it is set (the longer run of
 /// `scripts/fuzz.sh`). proptest's own `with_cases` ignores that variable.

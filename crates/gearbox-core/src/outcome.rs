@@ -95,6 +95,84 @@ pub struct Outcome {
     /// each is also an MCP `image` content.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pictures: Vec<crate::display::Picture>,
+    /// Files the run left under `/work/outputs/` (a run without a session): each is kept by
+    /// the server for a while and offered as a `resource_link` (`uri`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputFile>,
+    /// Entries of `/work/outputs/` not brought back, with why (a symlink, a fifo, over the
+    /// bounds of a run's outputs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs_skipped: Vec<String>,
+}
+
+/// A file a run left under `/work/outputs/`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct OutputFile {
+    /// Its path relative to `/work` (`outputs/…`).
+    pub path: String,
+    /// Bytes.
+    pub size: u64,
+    /// The MIME type guessed from its extension.
+    pub mime_type: String,
+    /// Where `resources/read` serves it (`gearbox://runs/{id}/outputs/…`), once the server
+    /// keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    /// The bytes (never serialized: they travel as the resource).
+    #[serde(skip)]
+    pub content: Vec<u8>,
+}
+
+impl OutputFile {
+    /// `content` found at `path` (relative to `/work`).
+    pub fn new(path: String, content: Vec<u8>) -> Self {
+        OutputFile {
+            mime_type: mime_for(&path).to_string(),
+            size: content.len() as u64,
+            path,
+            uri: None,
+            content,
+        }
+    }
+}
+
+/// The MIME type of a file, guessed from its extension (`application/octet-stream` when
+/// unknown).
+pub fn mime_for(path: &str) -> &'static str {
+    let ext = path
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "svg" => "image/svg+xml",
+        "webp" => "image/webp",
+        "bmp" => "image/bmp",
+        "pdf" => "application/pdf",
+        "csv" => "text/csv",
+        "tsv" => "text/tab-separated-values",
+        "txt" | "log" => "text/plain",
+        "md" => "text/markdown",
+        "html" | "htm" => "text/html",
+        "xml" => "application/xml",
+        "json" => "application/json",
+        "jsonl" | "ndjson" => "application/x-ndjson",
+        "yaml" | "yml" => "application/yaml",
+        "toml" => "application/toml",
+        "py" => "text/x-python",
+        "js" | "mjs" => "text/javascript",
+        "parquet" => "application/vnd.apache.parquet",
+        "zip" => "application/zip",
+        "gz" => "application/gzip",
+        "tar" => "application/x-tar",
+        "wav" => "audio/wav",
+        "mp3" => "audio/mpeg",
+        "mp4" => "video/mp4",
+        "xlsx" => "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        _ => "application/octet-stream",
+    }
 }
 
 impl Outcome {
@@ -125,6 +203,8 @@ impl Outcome {
             egress: None,
             result: None,
             pictures: Vec::new(),
+            outputs: Vec::new(),
+            outputs_skipped: Vec::new(),
         }
     }
 
@@ -180,6 +260,22 @@ impl Outcome {
                 text.push('\n');
             }
         }
+        if !self.outputs.is_empty() || !self.outputs_skipped.is_empty() {
+            text.push_str("--- outputs ---\n");
+            for f in &self.outputs {
+                text.push_str(&format!(
+                    "/work/{} ({} bytes, {})",
+                    f.path, f.size, f.mime_type
+                ));
+                if let Some(uri) = &f.uri {
+                    text.push_str(&format!(": {uri}"));
+                }
+                text.push('\n');
+            }
+            if !self.outputs_skipped.is_empty() {
+                text.push_str(&format!("not kept: {}\n", self.outputs_skipped.join(", ")));
+            }
+        }
         text
     }
 
@@ -217,6 +313,8 @@ mod tests {
             egress: None,
             result: None,
             pictures: Vec::new(),
+            outputs: Vec::new(),
+            outputs_skipped: Vec::new(),
         }
     }
 

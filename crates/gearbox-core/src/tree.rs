@@ -90,6 +90,17 @@ impl CollectLimits {
     }
 }
 
+/// Bounds of a run's outputs (`/work/outputs/` of a run without a session): at most 16
+/// files and 8 MiB. Unlike a session's workspace, a file past them is skipped with a note and
+/// the others still come back ([`collect_outputs_into`]).
+pub const OUTPUT_LIMITS: CollectLimits = CollectLimits {
+    max_files: 16,
+    max_bytes: 8 * 1024 * 1024,
+};
+
+/// The directory, relative to `/work`, whose files a run without a session brings back.
+pub const OUTPUTS_DIR: &str = "outputs";
+
 /// What a walk saw besides the files it handed over.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WalkSummary {
@@ -128,6 +139,17 @@ pub fn walk(
     limits: &CollectLimits,
     visit: &mut Visit<'_>,
 ) -> io::Result<WalkSummary> {
+    walk_with(root, limits, false, visit)
+}
+
+/// [`walk`]; with `skip_over`, a file past `limits` is skipped with a note instead of ending
+/// the walk with `error` (a run's outputs: what fits comes back).
+pub fn walk_with(
+    root: BorrowedFd<'_>,
+    limits: &CollectLimits,
+    skip_over: bool,
+    visit: &mut Visit<'_>,
+) -> io::Result<WalkSummary> {
     let mut summary = WalkSummary::default();
     let dir = Dir::openat(
         root,
@@ -136,18 +158,26 @@ pub fn walk(
         Mode::empty(),
     )
     .map_err(io::Error::from)?;
-    walk_dir(dir, "", 1, limits, &mut summary, visit)?;
+    let bounds = Bounds { limits, skip_over };
+    walk_dir(dir, "", 1, &bounds, &mut summary, visit)?;
     Ok(summary)
+}
+
+/// A walk's limits, and what crossing one does.
+struct Bounds<'a> {
+    limits: &'a CollectLimits,
+    skip_over: bool,
 }
 
 fn walk_dir(
     mut dir: Dir,
     prefix: &str,
     depth: usize,
-    limits: &CollectLimits,
+    bounds: &Bounds<'_>,
     summary: &mut WalkSummary,
     visit: &mut Visit<'_>,
 ) -> io::Result<()> {
+    let limits = bounds.limits;
     let mut names: Vec<Vec<u8>> = dir
         .iter()
         .filter_map(Result::ok)
@@ -187,7 +217,7 @@ fn walk_dir(
             }
             let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
             match Dir::openat(dir.as_fd(), name.as_str(), flags, Mode::empty()) {
-                Ok(sub) => walk_dir(sub, &rel, depth + 1, limits, summary, visit)?,
+                Ok(sub) => walk_dir(sub, &rel, depth + 1, bounds, summary, visit)?,
                 Err(_) => summary.skip(&rel, "directory could not be opened"),
             }
             continue;
@@ -223,6 +253,23 @@ fn walk_dir(
             continue;
         }
         let size = meta.len();
+        if bounds.skip_over && summary.files + 1 > limits.max_files {
+            summary.skip(
+                &rel,
+                &format!("past the limit of {} files", limits.max_files),
+            );
+            continue;
+        }
+        if bounds.skip_over && summary.bytes + size > limits.max_bytes {
+            summary.skip(
+                &rel,
+                &format!(
+                    "{size} bytes, past the limit of {} bytes in all",
+                    limits.max_bytes
+                ),
+            );
+            continue;
+        }
         if summary.files + 1 > limits.max_files {
             summary.error = Some(format!(
                 "the workspace holds more than {} files (the session's limit)",
@@ -282,6 +329,30 @@ pub fn collect_into(
     })?;
     write_end_frame(out, &summary)?;
     Ok(summary)
+}
+
+/// [`collect_into`] for a run's outputs: `root` is `/work/outputs`, a file past
+/// [`OUTPUT_LIMITS`] is skipped with a note.
+pub fn collect_outputs_into(root: BorrowedFd<'_>, out: &mut dyn Write) -> io::Result<WalkSummary> {
+    let summary = walk_with(root, &OUTPUT_LIMITS, true, &mut |path, file, size| {
+        write_file_frame(out, path, size, file)
+    })?;
+    write_end_frame(out, &summary)?;
+    Ok(summary)
+}
+
+/// Whether the directory `path` exists and holds at least one entry (a symlink in its place
+/// counts as absent). Costs one `open` when it does not exist.
+pub fn dir_has_entries(path: &std::path::Path) -> bool {
+    let Ok(fd) = open_dir(path) else {
+        return false;
+    };
+    let Ok(mut dir) = Dir::from_fd(fd) else {
+        return false;
+    };
+    dir.iter()
+        .filter_map(Result::ok)
+        .any(|e| !matches!(e.file_name().to_bytes(), b"." | b".."))
 }
 
 /// The files a run left in its workspace, decoded and checked.

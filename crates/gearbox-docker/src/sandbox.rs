@@ -298,6 +298,8 @@ impl DockerSandbox {
             egress: None,
             result: None,
             pictures: Vec::new(),
+            outputs: Vec::new(),
+            outputs_skipped: Vec::new(),
         };
         if timed_out {
             outcome.status = Status::Timeout;

@@ -50,6 +50,9 @@ use crate::wire::{HandOver, JailReport, Mode, Pooled, SetupFailure, encode_hando
 const BUILD_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a program may take from hand-over to `started` (reading its files).
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a run's init may take, after its program exited, to stop what is left of the run
+/// before its outputs are read.
+const OUTPUTS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The built-in launchers that have a fork server, by launcher name.
 pub(crate) fn launcher_of(launcher: &str) -> Option<&'static str> {
@@ -129,7 +132,13 @@ enum SlotMsg {
         signal: Option<i32>,
         cpu_time_ms: u64,
         max_rss_kb: u64,
+        /// `/work/outputs` holds something: init stops the rest of the run, says
+        /// [`SlotMsg::Outputs`] and waits while the server reads them.
+        #[serde(default)]
+        outputs: bool,
     },
+    /// Every other process of the run is gone: its outputs can be read.
+    Outputs,
 }
 
 /// A running fork server.
@@ -325,6 +334,7 @@ impl ForkServer {
         // From here on, a slot that fails to build is killed and its cgroup removed.
         let mut guard = RunGuard {
             init: None,
+            init_pid: 0,
             cgroup: Some(cgroup),
         };
         send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup(Step::BuildSlot, e.to_string()))?;
@@ -336,6 +346,7 @@ impl ForkServer {
                 Ok(SlotMsg::Ready) => {
                     let pid = pid.ok_or_else(|| setup(Step::BuildSlot, "no sender pid".into()))?;
                     guard.init = Some(pidfd_open(pid).map_err(SandboxError::Spawn)?);
+                    guard.init_pid = pid;
                 }
                 Ok(SlotMsg::Applied { mechanisms }) => {
                     enforced.extend(mechanisms);
@@ -408,6 +419,8 @@ fn ended(
 struct RunGuard {
     /// pidfd of the run's pid 1: killing it makes the kernel kill its whole pid namespace.
     init: Option<OwnedFd>,
+    /// Its pid, in the server's pid namespace (valid while `init` has not exited).
+    init_pid: i32,
     cgroup: Option<Cgroup>,
 }
 
@@ -522,12 +535,34 @@ impl Slot {
                 ..JailReport::default()
             };
             let mut started: Option<Instant> = None;
+            // Set when the program exited leaving outputs: until init says they can be read.
+            let mut outputs_by: Option<Instant> = None;
+            // Whether to read them: `Ok(false)` when there are none.
+            let mut outputs_ready: Result<bool, String> = Ok(false);
             loop {
-                let deadline = match started {
-                    Some(s) => s + timeout,
-                    None => handed + HANDOVER_TIMEOUT,
+                let deadline = match (outputs_by, started) {
+                    (Some(by), _) => by,
+                    (None, Some(s)) => s + timeout,
+                    (None, None) => handed + HANDOVER_TIMEOUT,
                 };
                 let said = tokio::time::timeout_at(deadline.into(), recv(&chan)).await;
+                if outputs_by.is_some() {
+                    // The run is over: anything but init's word leaves the outputs unread.
+                    let stopped = matches!(
+                        &said,
+                        Ok(Ok(Some((msg, _))))
+                            if matches!(serde_json::from_slice(msg), Ok(SlotMsg::Outputs))
+                    );
+                    outputs_ready = if stopped {
+                        Ok(true)
+                    } else {
+                        Err(format!(
+                            "the sandbox did not stop the rest of the run within \
+                             {OUTPUTS_TIMEOUT:?} after its program"
+                        ))
+                    };
+                    break;
+                }
                 match said {
                     Err(_) => {
                         slot_kill();
@@ -567,9 +602,13 @@ impl Slot {
                             signal,
                             cpu_time_ms,
                             max_rss_kb,
+                            outputs,
                         }) => {
                             ended(&mut report, started, code, signal, cpu_time_ms, max_rss_kb);
-                            break;
+                            if !outputs {
+                                break;
+                            }
+                            outputs_by = Some(Instant::now() + OUTPUTS_TIMEOUT);
                         }
                         _ => {}
                     },
@@ -587,9 +626,24 @@ impl Slot {
                 }
             }
             let _ = exited_tx.send(true);
-            report
+            (report, outputs_ready)
         };
-        let ((), out, err, mut report) = tokio::join!(writer, out_reader, err_reader, watcher);
+        let ((), out, err, (mut report, outputs_ready)) =
+            tokio::join!(writer, out_reader, err_reader, watcher);
+        let outputs = match outputs_ready {
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+            Ok(true) => {
+                let init = guard.init.as_ref().and_then(|fd| fd.try_clone().ok());
+                let pid = guard.init_pid;
+                let read = tokio::task::spawn_blocking(move || match init {
+                    Some(fd) => read_outputs(pid, &fd),
+                    None => Err("the run's pid 1 is unknown".into()),
+                })
+                .await;
+                Some(read.unwrap_or_else(|e| Err(e.to_string())))
+            }
+        };
         if let Some(cgroup) = &guard.cgroup {
             report.oom_killed = cgroup.oom_killed();
             if let Some(kb) = cgroup.peak_memory_kb() {
@@ -602,8 +656,57 @@ impl Slot {
         drop(guard);
         drop(server);
         let enforced = report.enforced.clone();
-        build_outcome(report, out, err, &job, Mode::Linux).map(|o| (o, enforced))
+        let mut outcome = build_outcome(report, out, err, &job, Mode::Linux)?;
+        match outputs {
+            Some(Err(e)) => outcome
+                .outputs_skipped
+                .push(format!("outputs not brought back: {e}")),
+            Some(Ok(c)) => crate::helper::outputs_from(&mut outcome, c),
+            None => {}
+        }
+        Ok((outcome, enforced))
     }
+}
+
+/// Read a finished run's `/work/outputs` from outside its sandbox, while its pid 1 (`pid`,
+/// `pidfd`) waits and nothing else of the run is left: beneath `/proc/<pid>/root/work`,
+/// `outputs` resolved with `openat2` (no symlink, no magic link, no other mount), then walked
+/// one name at a time without following a symlink, regular files only, opened non-blocking,
+/// within `OUTPUT_LIMITS` (a file past them is skipped with a note). Nothing the program
+/// planted reaches past its own outputs or holds the server.
+fn read_outputs(pid: i32, pidfd: &OwnedFd) -> Result<gearbox_core::Collected, String> {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let work = gearbox_core::tree::open_dir(Path::new(&format!("/proc/{pid}/root/work")))
+        .map_err(|e| format!("the run's /work cannot be read: {e}"))?;
+    // Opened while the pidfd's process lives: the pid was not reused.
+    if pidfd_exited(pidfd) {
+        return Err("the run's sandbox ended before its outputs were read".into());
+    }
+    let dir = gearbox_core::tree::open_beneath(
+        work.as_fd(),
+        gearbox_core::tree::OUTPUTS_DIR,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )
+    .map_err(|e| format!("/work/outputs cannot be opened: {e}"))?;
+    let mut files = Vec::new();
+    let summary = gearbox_core::tree::walk_with(
+        dir.as_fd(),
+        &gearbox_core::OUTPUT_LIMITS,
+        true,
+        &mut |path, file, size| {
+            let mut content = Vec::with_capacity(size as usize);
+            file.take(size).read_to_end(&mut content)?;
+            files.push(gearbox_core::JobFile {
+                path: path.to_string(),
+                content,
+            });
+            Ok(())
+        },
+    )
+    .map_err(|e| format!("reading /work/outputs: {e}"))?;
+    Ok(gearbox_core::Collected { files, summary })
 }
 
 /// The next packet of a slot being built, or why there is none.

@@ -59,6 +59,9 @@ pub(crate) struct Spawned {
 
 /// The helper's spec for `job` (files listed; their bytes follow the header).
 pub(crate) fn spec_for(mode: Mode, job: &Job, pooled: Option<Pooled>) -> JailSpec {
+    // A fork server's own sandbox brings nothing back: its runs' outputs are read by
+    // `fork_server.rs` from outside each run.
+    let outputs = pooled.as_ref().is_none_or(|p| !p.fork_server);
     JailSpec {
         mode,
         argv: job.argv.clone(),
@@ -74,6 +77,7 @@ pub(crate) fn spec_for(mode: Mode, job: &Job, pooled: Option<Pooled>) -> JailSpe
         parent_pid: std::process::id() as i32,
         pooled,
         collect: None,
+        outputs,
         live: None,
     }
 }
@@ -153,7 +157,7 @@ pub(crate) async fn run_helper_report(
     let payload = take_payload(Vec::new(), &mut job);
     finish(sp, payload, &job, mode)
         .await
-        .map(|f| (f.outcome, f.enforced))
+        .map(Finished::with_outputs)
 }
 
 /// Run `job` through a fresh helper that sends back the workspace's files.
@@ -165,6 +169,7 @@ pub(crate) async fn run_collecting(
 ) -> Result<(Outcome, Option<Collected>), SandboxError> {
     let mut spec = spec_for(mode, &job, None);
     spec.collect = Some(limits);
+    spec.outputs = false;
     let sp = spawn(&helper, &spec).await?;
     let mut job = job;
     let payload = take_payload(Vec::new(), &mut job);
@@ -223,7 +228,62 @@ pub(crate) async fn run_warm(
     let payload = take_payload(vec![header], &mut job);
     finish(sp, payload, &job, Mode::Linux)
         .await
-        .map(|f| (f.outcome, f.enforced))
+        .map(Finished::with_outputs)
+}
+
+impl Finished {
+    /// The outcome with the files of `/work/outputs/` the sandbox sent after its report (a
+    /// run without a session), and the mechanisms reported.
+    fn with_outputs(self) -> (Outcome, Vec<String>) {
+        let mut outcome = self.outcome;
+        if let Some(e) = self.collect_error {
+            outcome
+                .outputs_skipped
+                .push(format!("outputs not brought back: {e}"));
+        } else if let Some(bytes) = self.trailer {
+            attach_outputs(&mut outcome, &bytes);
+        }
+        (outcome, self.enforced)
+    }
+}
+
+/// Decode `frames` (the files of `/work/outputs/`, framed by `gearbox_core::tree`, from a
+/// sandbox: untrusted, checked again against `OUTPUT_LIMITS`) into `outcome.outputs`.
+pub(crate) fn attach_outputs(outcome: &mut Outcome, frames: &[u8]) {
+    match gearbox_core::tree::decode_frames(frames, &gearbox_core::OUTPUT_LIMITS) {
+        Ok(c) => outputs_from(outcome, c),
+        Err(e) => outcome
+            .outputs_skipped
+            .push(format!("outputs not brought back: {e}")),
+    }
+}
+
+/// Put the files of `collected` (paths relative to `/work/outputs`) into `outcome.outputs`,
+/// and what was skipped into `outcome.outputs_skipped`.
+pub(crate) fn outputs_from(outcome: &mut Outcome, collected: Collected) {
+    let dir = gearbox_core::tree::OUTPUTS_DIR;
+    outcome.outputs = collected
+        .files
+        .into_iter()
+        .map(|f| gearbox_core::OutputFile::new(format!("{dir}/{}", f.path), f.content))
+        .collect();
+    outcome.outputs_skipped = collected
+        .summary
+        .skipped
+        .iter()
+        .map(|s| match s.strip_prefix('"') {
+            // `"name": why`, as the walk lists it.
+            Some(rest) => format!("\"{dir}/{rest}"),
+            None => format!("{dir}/{s}"),
+        })
+        .collect();
+    let unlisted = collected
+        .summary
+        .skipped_count
+        .saturating_sub(collected.summary.skipped.len());
+    if unlisted > 0 {
+        outcome.outputs_skipped.push(format!("{unlisted} more"));
+    }
 }
 
 /// What follows a header on the helper's stdin: each file's bytes, then the program's stdin
@@ -376,6 +436,8 @@ pub(crate) fn build_outcome(
         egress: None,
         result: None,
         pictures: Vec::new(),
+        outputs: Vec::new(),
+        outputs_skipped: Vec::new(),
     })
 }
 

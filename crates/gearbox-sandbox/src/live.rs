@@ -133,6 +133,7 @@ impl Live {
         job.argv = command;
         let mut spec = spec_for(Mode::Linux, &job, None);
         spec.live = Some(script.to_string());
+        spec.outputs = false;
         let Spawned {
             child,
             mut stdin,

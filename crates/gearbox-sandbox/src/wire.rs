@@ -58,6 +58,10 @@ pub struct JailSpec {
     /// Bring back the workspace's regular files after the program exits (session runs).
     #[serde(default)]
     pub collect: Option<CollectLimits>,
+    /// Bring back the files of `/work/outputs/` after the program exits, within
+    /// `gearbox_core::OUTPUT_LIMITS`, when there are any (runs without a session).
+    #[serde(default)]
+    pub outputs: bool,
     /// A live session: the built-in launcher (`python-live`) written at the launcher's path
     /// for the program (`argv`) to run (`live.rs`).
     #[serde(default)]
@@ -389,6 +393,7 @@ mod proptests {
                             max_files,
                             max_bytes,
                         }),
+                        outputs: parent_pid % 2 == 0,
                         live: None,
                     };
                     (spec, files.into_iter().map(|(_, c)| c).collect())

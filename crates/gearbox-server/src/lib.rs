@@ -25,6 +25,7 @@ pub mod limiter;
 pub mod metrics;
 mod plan;
 mod resources;
+mod runs;
 mod server;
 mod sessions;
 mod snippets;

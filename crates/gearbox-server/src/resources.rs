@@ -150,6 +150,12 @@ pub fn templates() -> Vec<ResourceTemplate> {
                  package layers, and the package policy",
             )
             .with_mime_type("application/json"),
+        ResourceTemplate::new(crate::runs::RUNS_TEMPLATE, "run output")
+            .with_title("A file a run wrote under /work/outputs/")
+            .with_description(
+                "A file a run without a session left in /work/outputs/, kept for 15 minutes \
+                 for the tenant that ran it; execute_code's result links each one",
+            ),
     ]
 }
 

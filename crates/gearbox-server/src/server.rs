@@ -452,11 +452,23 @@ impl GearboxServer {
         done: &Done,
         report: &PolicyReport,
         session: Option<&SessionRun>,
+        tenant: &str,
     ) -> CallToolResponse {
+        // A run without a session: its outputs are kept for its tenant and linked (by the
+        // tools whose result is the outcome).
+        let links = !matches!(kind, ToolKind::CodeExecPython | ToolKind::ListPackages);
+        let mut kept;
+        let outcome = if links && session.is_none() && !done.outcome.outputs.is_empty() {
+            kept = done.outcome.clone();
+            crate::runs::keep(tenant, &mut kept);
+            &kept
+        } else {
+            &done.outcome
+        };
         let mut result = match kind {
-            ToolKind::CodeExecPython => tools::heroku_result(&done.outcome),
-            ToolKind::ListPackages => tools::packages_result(&self.inner.engine, &done.outcome),
-            _ => tools::with_policy(tools::outcome_result(&done.outcome), report),
+            ToolKind::CodeExecPython => tools::heroku_result(outcome),
+            ToolKind::ListPackages => tools::packages_result(&self.inner.engine, outcome),
+            _ => tools::with_policy(tools::outcome_result(outcome), report),
         };
         if let Some(calls) = &done.tool_calls {
             result = crate::broker::attach(result, calls);
@@ -634,7 +646,7 @@ impl GearboxServer {
             duration_ms = done.outcome.duration_ms,
             "tool call finished"
         );
-        Ok(self.shape(kind, &done, &report, session.as_ref()))
+        Ok(self.shape(kind, &done, &report, session.as_ref(), &tenant))
     }
 
     /// `approval_status`: pending again, the approved run, or the refusal.
@@ -652,9 +664,13 @@ impl GearboxServer {
         let session = plan.session.clone();
         match self.execute_plan(plan, &report, info, ctx).await {
             Err(answer) => Ok(answer),
-            Ok(Some(done)) => {
-                Ok(self.shape(ToolKind::ExecuteCode, &done, &report, session.as_ref()))
-            }
+            Ok(Some(done)) => Ok(self.shape(
+                ToolKind::ExecuteCode,
+                &done,
+                &report,
+                session.as_ref(),
+                &info.caller,
+            )),
             Ok(None) => Err(McpError::internal_error(
                 "request cancelled; its run was killed",
                 None,
@@ -721,6 +737,7 @@ impl ServerHandler for GearboxServer {
         _ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         let mut templates = resources::templates();
+
         if self.inner.profiles.contains(&ToolProfile::Sessions) {
             templates.extend(crate::sessions::templates());
         }
@@ -743,6 +760,8 @@ impl ServerHandler for GearboxServer {
                 ResourceContents::text(resources::env_text(&doc), uri)
             };
             ReadResourceResult::new(vec![contents])
+        } else if crate::runs::is_runs_uri(uri) {
+            crate::runs::read_resource(uri, &self.call_info("resources/read", &ctx).caller)?
         } else if crate::sessions::is_session_uri(uri)
             && self.inner.profiles.contains(&ToolProfile::Sessions)
         {

@@ -615,6 +615,22 @@ pub fn outcome_result(o: &Outcome) -> CallToolResult {
             .iter()
             .map(|p| ContentBlock::image(p.data.clone(), p.mime.clone())),
     );
+    // A link per output the server keeps (a run without a session); a picture's full size
+    // is one of them.
+    for f in &o.outputs {
+        let Some(uri) = &f.uri else { continue };
+        let full = o
+            .pictures
+            .iter()
+            .any(|p| p.full.as_deref() == Some(&f.path));
+        let mut res = rmcp::model::Resource::new(uri.clone(), f.path.clone())
+            .with_mime_type(f.mime_type.clone())
+            .with_size(f.size);
+        if full {
+            res = res.with_description("the full-size picture");
+        }
+        text.push(ContentBlock::resource_link(res));
+    }
     let mut r = if o.is_ok() {
         CallToolResult::success(text)
     } else {

@@ -480,6 +480,8 @@ impl Inner {
             egress: None,
             result: None,
             pictures: Vec::new(),
+            outputs: Vec::new(),
+            outputs_skipped: Vec::new(),
         };
         match result {
             Ok(()) => outcome.exit_code = Some(0),

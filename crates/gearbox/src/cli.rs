@@ -167,6 +167,10 @@ struct RunArgs {
     /// Print the outcome as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Write the files the program leaves under `/work/outputs/` into DIR (created if
+    /// missing; an existing file is never overwritten). Without it they are only listed.
+    #[arg(long, value_name = "DIR")]
+    outputs: Option<PathBuf>,
     /// Safety gear: read_only, restricted, user_confirmed (asks at the terminal),
     /// full_trust; overrides the configuration's `gear`.
     #[arg(long)]
@@ -562,7 +566,46 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
     }
     let outcome = runtime()?.block_on(engine.execute(req, args.backend));
     report(&outcome, args.json)?;
+    save_outputs(&outcome, args.outputs.as_deref(), args.json)?;
     Ok(ExitCode::from(exit_status(&outcome)))
+}
+
+/// Write a run's outputs into `dir` (their paths under `outputs/`), or list them on stderr.
+/// The paths were checked when they left the sandbox (relative, no `..`); each file is
+/// created new, never through a symlink.
+fn save_outputs(outcome: &Outcome, dir: Option<&Path>, json: bool) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    for note in &outcome.outputs_skipped {
+        eprintln!("gearbox: output not kept: {note}");
+    }
+    let Some(dir) = dir else {
+        if !json {
+            for f in &outcome.outputs {
+                eprintln!(
+                    "gearbox: output /work/{} ({} bytes; --outputs DIR writes it)",
+                    f.path, f.size
+                );
+            }
+        }
+        return Ok(());
+    };
+    for f in &outcome.outputs {
+        let rel = f.path.strip_prefix("outputs/").unwrap_or(&f.path);
+        gearbox_core::validate_relative_path("output", rel).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let dest = dir.join(rel);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&dest)
+            .and_then(|mut out| out.write_all(&f.content))
+            .with_context(|| format!("writing {}", dest.display()))?;
+    }
+    Ok(())
 }
 
 fn report(outcome: &Outcome, json: bool) -> Result<()> {

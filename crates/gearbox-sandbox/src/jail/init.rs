@@ -100,8 +100,37 @@ pub fn main(
     .send(&st_w);
     if let Some(limits) = &spec.collect {
         collect_workspace(limits, &st_w);
+    } else if spec.outputs && gearbox_core::tree::dir_has_entries(std::path::Path::new(OUTPUTS)) {
+        collect_outputs(&st_w);
     }
     exit(0);
+}
+
+/// The directory of a run's outputs.
+const OUTPUTS: &str = "/work/outputs";
+
+/// Stop every other process of the pid namespace and reap it: nothing may change the tree
+/// while it is read.
+fn stop_the_rest() {
+    let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
+    while let Ok(_) | Err(nix::errno::Errno::EINTR) = waitpid(None, Some(WaitPidFlag::__WALL)) {}
+}
+
+/// After the program of a run without a session, when `/work/outputs` holds anything: stop
+/// the rest, then send its regular files as frames after the `Exited` line, within
+/// `OUTPUT_LIMITS` (a file past them is skipped with a note). Never follows a symlink.
+fn collect_outputs(st_w: &OwnedFd) {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    stop_the_rest();
+    let Ok(fd) = st_w.try_clone() else { exit(1) };
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::fs::File::from(fd));
+    let sent = gearbox_core::tree::open_dir(std::path::Path::new(OUTPUTS))
+        .and_then(|root| gearbox_core::tree::collect_outputs_into(root.as_fd(), &mut out))
+        .and_then(|_| out.flush());
+    if sent.is_err() {
+        exit(1);
+    }
 }
 
 /// After the program: stop every process left in the namespace (nothing may change the tree
@@ -111,8 +140,7 @@ pub fn main(
 fn collect_workspace(limits: &gearbox_core::CollectLimits, st_w: &OwnedFd) {
     use std::io::Write;
     use std::os::fd::AsFd;
-    let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
-    while let Ok(_) | Err(nix::errno::Errno::EINTR) = waitpid(None, Some(WaitPidFlag::__WALL)) {}
+    stop_the_rest();
     let Ok(fd) = st_w.try_clone() else { exit(1) };
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::fs::File::from(fd));
     let sent = gearbox_core::tree::open_dir(std::path::Path::new("/work"))

@@ -128,7 +128,9 @@ pub fn run(
         }
     ));
 
-    let max_trailer = spec.collect.map(|l| l.max_stream_bytes());
+    let max_trailer = spec.collect.map(|l| l.max_stream_bytes()).or(spec
+        .outputs
+        .then(|| gearbox_core::OUTPUT_LIMITS.max_stream_bytes()));
     // Without a memory cgroup the helper measures the whole run itself (`memwatch.rs`).
     let mut memory = cgroup
         .is_none()
@@ -141,7 +143,7 @@ pub fn run(
         max_trailer,
         memory.as_mut(),
     );
-    if max_trailer.is_some()
+    if spec.collect.is_some()
         && watch.exited
         && watch.trailer.is_empty()
         && report.collect_error.is_none()

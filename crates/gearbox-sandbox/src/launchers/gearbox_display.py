@@ -10,8 +10,8 @@ prints its repr. matplotlib needs nothing: the sandbox sets `MPLBACKEND=module:/
 figures still open when the program ends are displayed then.
 
 A picture is at most 1024 px on its long side and 256 KiB inline: a larger one is downscaled
-here (with matplotlib or PIL), and its full size is written to /work/outputs/ (kept, and
-offered as a resource, when the run is a session's). Each picture leaves on stdout as one line,
+here (with matplotlib or PIL), and its full size is written to /work/outputs/ (offered as a
+resource: with the session's files, or with the run's outputs). Each picture leaves on stdout as one line,
 "\\x1egearbox-display " and a JSON object, which the server takes out of the output.
 """
 import base64

@@ -841,3 +841,48 @@ async fn a_tenants_sessions_do_not_exist_for_another() {
     let listed = alice.list_all_resources().await.expect("resources/list");
     assert!(listed.iter().any(|r| r.uri.contains(&files)), "{listed:?}");
 }
+
+/// A stateless run's outputs belong to the tenant that ran it: another API key of the same
+/// daemon is told the link does not exist; the owner reads it.
+#[tokio::test]
+async fn a_tenants_run_outputs_do_not_exist_for_another() {
+    let d = Daemon::start(Opts {
+        config: "gear = \"full_trust\"\n",
+        ..Opts::default()
+    })
+    .await;
+    let alice = d.client(Some(ALICE)).await;
+    let bob = d.client(Some(BOB)).await;
+    let code = "import os\nos.makedirs('/work/outputs')\n\
+                open('/work/outputs/secret.txt', 'w').write('alice only')\n";
+    let r = call(
+        &alice,
+        "execute_code",
+        json!({"language": "python", "code": code}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let uri = r
+        .content
+        .iter()
+        .find_map(|c| match c {
+            rmcp::model::ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("a link: {}", text(&r)));
+    assert!(uri.starts_with("gearbox://runs/"), "{uri}");
+    let read = bob
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri.clone()))
+        .await;
+    assert!(read.is_err(), "bob read alice's output: {read:?}");
+    let read = alice
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri))
+        .await
+        .expect("alice reads her output");
+    match &read.contents[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, .. } => {
+            assert_eq!(text, "alice only")
+        }
+        other => panic!("{other:?}"),
+    }
+}

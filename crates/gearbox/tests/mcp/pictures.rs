@@ -132,6 +132,140 @@ async fn figures_images_and_tables_come_back() {
     assert!(!out.contains("gearbox-display"), "{out}");
 }
 
+/// The resource links of a result: (uri, name, mime type, size, description).
+fn links(r: &CallToolResult) -> Vec<(String, String, String, u64, String)> {
+    r.content
+        .iter()
+        .filter_map(|c| match c {
+            ContentBlock::ResourceLink(l) => Some((
+                l.uri.clone(),
+                l.name.clone(),
+                l.mime_type.clone().unwrap_or_default(),
+                l.size.unwrap_or_default(),
+                l.description.clone().unwrap_or_default(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `resources/read` of `uri`: its bytes (text or blob) and MIME type.
+async fn read(s: &Server, uri: &str) -> (Vec<u8>, Option<String>) {
+    let read = s
+        .session
+        .read_resource(ReadResourceRequestParams::new(uri.to_string()))
+        .await
+        .unwrap_or_else(|e| panic!("read {uri}: {e}"));
+    match &read.contents[0] {
+        ResourceContents::BlobResourceContents {
+            blob, mime_type, ..
+        } => (
+            base64::engine::general_purpose::STANDARD
+                .decode(blob)
+                .expect("base64"),
+            mime_type.clone(),
+        ),
+        ResourceContents::TextResourceContents {
+            text, mime_type, ..
+        } => (text.as_bytes().to_vec(), mime_type.clone()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_stateless_runs_outputs_are_linked_and_read() {
+    let s = start("outputs").await;
+    let code = "import os\nos.makedirs('/work/outputs/sub')\n\
+                open('/work/outputs/a.csv', 'w').write('x,y\\n1,2\\n')\n\
+                open('/work/outputs/sub/b.png', 'wb').write(bytes(range(256)))\n\
+                os.symlink('/etc/passwd', '/work/outputs/passwd')\n";
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "python", "code": code}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let l = links(&r);
+    assert_eq!(l.len(), 2, "{l:?}");
+    let (csv, png) = (&l[0], &l[1]);
+    assert!(
+        csv.0.starts_with("gearbox://runs/") && csv.0.ends_with("/outputs/a.csv"),
+        "{csv:?}"
+    );
+    assert_eq!(
+        (csv.1.as_str(), csv.2.as_str(), csv.3),
+        ("outputs/a.csv", "text/csv", 8)
+    );
+    assert_eq!(
+        (png.1.as_str(), png.2.as_str(), png.3),
+        ("outputs/sub/b.png", "image/png", 256)
+    );
+    assert_eq!(
+        read(&s, &csv.0).await,
+        (b"x,y\n1,2\n".to_vec(), Some("text/csv".into()))
+    );
+    assert_eq!(
+        read(&s, &png.0).await,
+        ((0..=255u8).collect::<Vec<u8>>(), Some("image/png".into()))
+    );
+    // The structured outcome lists them, and the symlink as not kept.
+    let v = structured(&r);
+    assert_eq!(v["outputs"][0]["uri"], csv.0.as_str(), "{v}");
+    assert!(
+        v["outputs_skipped"][0]
+            .as_str()
+            .is_some_and(|n| n.contains("passwd") && n.contains("symlink")),
+        "{v}"
+    );
+    // Nothing else under the prefix: a made-up id, a path beside the run's own.
+    for uri in [
+        csv.0.replace("a.csv", "passwd"),
+        csv.0.replace("a.csv", "../a.csv"),
+        "gearbox://runs/00000000-0000-4000-8000-000000000000/outputs/a.csv".to_string(),
+    ] {
+        assert!(
+            s.session
+                .read_resource(ReadResourceRequestParams::new(uri.clone()))
+                .await
+                .is_err(),
+            "{uri} was read"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_large_figure_in_a_stateless_run_is_linked_full_size() {
+    let s = start("large-stateless").await;
+    let code = "import matplotlib.pyplot as plt\n\
+                plt.figure(figsize=(30, 20), dpi=100)\n\
+                plt.plot(range(10))\n";
+    let r = call(
+        &s,
+        "execute_code",
+        json!({"language": "python", "code": code, "packages": PACKAGES}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let pngs = images(&r);
+    assert_eq!(pngs.len(), 1, "{}", text(&r));
+    let (w, h) = png_size(&pngs[0]);
+    assert!(w == 1024 && h <= 1024, "downscaled to {w}x{h}");
+    let l = links(&r);
+    let full = l
+        .iter()
+        .find(|l| l.4 == "the full-size picture")
+        .unwrap_or_else(|| panic!("a link to the full size: {l:?}"));
+    assert!(
+        full.0.starts_with("gearbox://runs/") && full.0.ends_with("/outputs/display-1.png"),
+        "{full:?}"
+    );
+    assert_eq!(full.2, "image/png");
+    let (bytes, mime) = read(&s, &full.0).await;
+    assert_eq!(mime.as_deref(), Some("image/png"));
+    assert_eq!(png_size(&bytes), (3000, 2000));
+}
+
 #[tokio::test]
 async fn a_large_figure_is_downscaled_inline_and_kept_full_size_in_a_session() {
     let s = start("large").await;

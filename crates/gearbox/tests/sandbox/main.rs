@@ -15,5 +15,6 @@ mod exec;
 mod fork_server;
 mod integrity;
 mod network;
+mod outputs;
 mod sessions;
 mod support;

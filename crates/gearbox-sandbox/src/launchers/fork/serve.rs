@@ -211,19 +211,43 @@ fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32)) -> Handed {
         }
     }
     let (cpu_us, maxrss) = rusage(RUSAGE_CHILDREN);
+    // One open when the program wrote no outputs (the usual case).
+    let outputs = has_outputs();
     let _ = write!(
         buf,
-        "\"cpu_time_ms\":{},\"max_rss_kb\":{}}}",
+        "\"cpu_time_ms\":{},\"max_rss_kb\":{},\"outputs\":{outputs}}}",
         cpu_us / 1000,
         maxrss
     );
     send_buf(chan, &buf);
     // Whatever the program left behind dies with this pid namespace.
-    // SAFETY: signals every process of this pid namespace, then ends this one.
-    unsafe {
-        kill(-1, SIGKILL);
-        _exit(0)
+    // SAFETY: signals every process of this pid namespace.
+    unsafe { kill(-1, SIGKILL) };
+    if outputs {
+        // The server reads /work/outputs from outside (beneath /proc/<this pid>/root) once
+        // nothing is left to change it: every other process reaped. It then closes the slot
+        // (or kills this process); either ends the wait.
+        loop {
+            let mut status: c_int = 0;
+            // SAFETY: waits for this process's children, writing the status on this frame.
+            let pid = unsafe { waitpid(-1, &mut status, 0) };
+            if pid < 0 && errno() != EINTR {
+                break;
+            }
+        }
+        send_str(chan, "{\"t\":\"outputs\"}");
+        let mut done = [0u8; 8];
+        // SAFETY: reads into a buffer on this stack frame.
+        unsafe { recv(chan, done.as_mut_ptr().cast(), done.len(), 0) };
     }
+    // SAFETY: ends this process.
+    unsafe { _exit(0) }
+}
+
+/// Whether the program left anything in `/work/outputs` (a symlink in its place is
+/// followed here, but the server, which reads the files, refuses it).
+fn has_outputs() -> bool {
+    std::fs::read_dir("/work/outputs").is_ok_and(|mut d| d.next().is_some())
 }
 
 /// CPU time (user and system, µs) and peak RSS (KiB) of `who` (RUSAGE_CHILDREN).
