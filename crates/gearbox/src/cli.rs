@@ -334,13 +334,15 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
         Some(given) => {
             let addr =
                 gearbox_server::http::resolve_addr(given, std::env::var("PORT").ok().as_deref())?;
-            let keys = gearbox_server::http::ApiKeys::load(
+            let mut keys = gearbox_server::http::ApiKeys::load(
                 std::env::var(gearbox_server::http::auth::ENV_API_KEYS)
                     .ok()
                     .as_deref(),
                 engine.config().http.api_keys_file.as_deref(),
             )
             .map_err(anyhow::Error::msg)?;
+            keys.set_settings(&engine.config().http.keys)
+                .map_err(anyhow::Error::msg)?;
             opts.transport = "http";
             opts.caller = "anonymous".into();
             let server = {

@@ -1,8 +1,10 @@
 //! API keys: named keys from `GEARBOX_API_KEYS` and `[http] api_keys_file`, presented as
 //! `Authorization: Bearer KEY` or `X-API-Key: KEY`, compared in constant time. A request with
-//! a good key carries the key's name as its [`Caller`]; the key itself is never stored past
-//! start-up in clear, logged or audited.
+//! a good key carries a [`Caller`]: the key's name, its tenant, admin and highest gear from
+//! `[http.keys.NAME]`; the key itself is never stored past start-up in clear, logged or
+//! audited.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use axum::body::Body;
@@ -10,6 +12,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use gearbox_engine::config::KeyConfig;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -25,6 +28,8 @@ pub const MIN_KEY_LEN: usize = 16;
 #[derive(Clone, Default)]
 pub struct ApiKeys {
     keys: Vec<(String, [u8; 32])>,
+    /// `[http.keys.NAME]`: tenant, admin, highest gear.
+    settings: BTreeMap<String, KeyConfig>,
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -100,6 +105,35 @@ impl ApiKeys {
         Ok(keys)
     }
 
+    /// Take the per-key settings of `[http.keys]`; an entry naming no key is an error (a
+    /// typo would otherwise leave a key uncapped).
+    pub fn set_settings(&mut self, settings: &BTreeMap<String, KeyConfig>) -> Result<(), String> {
+        if let Some(name) = settings
+            .keys()
+            .find(|n| !self.keys.iter().any(|(k, _)| k == *n))
+        {
+            return Err(format!(
+                "[http.keys.{name}]: no API key is named {name:?} ({ENV_API_KEYS} or [http] \
+                 api_keys_file)"
+            ));
+        }
+        self.settings = settings.clone();
+        Ok(())
+    }
+
+    /// The caller a request with the key `name` is.
+    pub fn caller(&self, name: &str) -> Caller {
+        let mut c = Caller::named(name);
+        if let Some(s) = self.settings.get(name) {
+            if let Some(t) = &s.tenant {
+                c.tenant = t.clone();
+            }
+            c.admin = s.admin;
+            c.max_gear = s.max_gear;
+        }
+        c
+    }
+
     /// The name of the key `presented`, comparing against every key in constant time.
     pub fn check(&self, presented: &[u8]) -> Option<&str> {
         let d = digest(presented);
@@ -147,7 +181,7 @@ pub async fn require_key(
     next: Next,
 ) -> Response {
     let caller = if keys.is_empty() {
-        "anonymous".to_string()
+        Caller::named("anonymous")
     } else {
         match presented(req.headers()) {
             None => {
@@ -156,12 +190,12 @@ pub async fn require_key(
                 );
             }
             Some(k) => match keys.check(k) {
-                Some(name) => name.to_string(),
+                Some(name) => keys.caller(name),
                 None => return unauthorized("unauthorized: the API key is not valid"),
             },
         }
     };
-    req.extensions_mut().insert(Caller(caller));
+    req.extensions_mut().insert(caller);
     next.run(req).await
 }
 
@@ -190,6 +224,46 @@ mod tests {
         assert!(e.contains("twice"), "{e}");
         let e = k.add_list("nocolon", "env").expect_err("bad");
         assert!(!e.contains("nocolon"), "the entry may be a key: {e}");
+    }
+
+    #[test]
+    fn key_settings_name_tenant_admin_and_cap() {
+        let mut k = ApiKeys::default();
+        k.add_list("ci:0123456789abcdef0123,ops:fedcba9876543210fedc", "env")
+            .expect("parses");
+        let mut s = BTreeMap::new();
+        s.insert(
+            "ci".to_string(),
+            KeyConfig {
+                tenant: Some("team".into()),
+                admin: false,
+                max_gear: Some(gearbox_core::Gear::Restricted),
+            },
+        );
+        s.insert(
+            "ops".to_string(),
+            KeyConfig {
+                admin: true,
+                ..Default::default()
+            },
+        );
+        k.set_settings(&s).expect("both keys exist");
+        let ci = k.caller("ci");
+        assert_eq!((ci.name.as_str(), ci.tenant.as_str()), ("ci", "team"));
+        assert_eq!(
+            ci.ceiling(gearbox_core::Gear::FullTrust),
+            gearbox_core::Gear::Restricted
+        );
+        assert_eq!(
+            ci.ceiling(gearbox_core::Gear::ReadOnly),
+            gearbox_core::Gear::ReadOnly,
+            "a cap never raises the server's gear"
+        );
+        let ops = k.caller("ops");
+        assert!(ops.admin && ops.tenant == "ops" && ops.max_gear.is_none());
+        s.insert("typo".to_string(), KeyConfig::default());
+        let e = k.set_settings(&s).expect_err("unknown key");
+        assert!(e.contains("typo"), "{e}");
     }
 
     #[test]

@@ -841,3 +841,97 @@ async fn a_tenants_sessions_do_not_exist_for_another() {
     let listed = alice.list_all_resources().await.expect("resources/list");
     assert!(listed.iter().any(|r| r.uri.contains(&files)), "{listed:?}");
 }
+
+/// A key capped at `restricted` (`[http.keys.bob] max_gear`) on a `full_trust` daemon: its
+/// calls run at `restricted` whatever they ask (network refused, the outcome's gear says
+/// so), a live session with packages is refused, and the audit names its tenant; the
+/// uncapped key keeps the server's gear.
+#[tokio::test]
+async fn a_capped_key_never_runs_above_its_cap() {
+    let dir = TempDir::new("capped");
+    let config = format!(
+        "gear = \"full_trust\"\n[sessions]\ndir = {:?}\n[http.keys.bob]\nmax_gear = \"restricted\"\n\
+         tenant = \"ci\"\n",
+        dir.0.join("sessions").display().to_string()
+    );
+    let d = Daemon::start(Opts {
+        config: &config,
+        extra: &["--profile", "sessions"],
+        ..Opts::default()
+    })
+    .await;
+    let alice = d.client(Some(ALICE)).await;
+    let bob = d.client(Some(BOB)).await;
+    let plain = json!({"language": "python", "code": "print('plain')", "gear": "full_trust"});
+    let r = call(&alice, "execute_code", plain.clone()).await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    assert_eq!(
+        structured(&r)["policy"]["gear"],
+        "full_trust",
+        "{}",
+        text(&r)
+    );
+    let r = call(&bob, "execute_code", plain).await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    assert_eq!(
+        structured(&r)["policy"]["gear"],
+        "restricted",
+        "asked full_trust, lowered to the cap: {}",
+        text(&r)
+    );
+    let net = json!({"language": "python", "code": "print('net')", "network": true, "gear": "full_trust"});
+    let r = call(&bob, "execute_code", net.clone()).await;
+    assert_eq!(structured(&r)["status"], "denied", "{}", text(&r));
+    assert!(
+        text(&r).contains("restricted gear denies network"),
+        "{}",
+        text(&r)
+    );
+    assert!(!text(&r).contains("\nnet\n"), "{}", text(&r));
+    let r = call(&alice, "execute_code", net).await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    let r = call(
+        &bob,
+        "exec_open",
+        json!({"stateful": true, "language": "python", "packages": ["six"]}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("restricted gear"), "{}", text(&r));
+    // A live session without packages opens, and its cells run at the cap too.
+    let r = call(
+        &bob,
+        "exec_open",
+        json!({"stateful": true, "language": "python"}),
+    )
+    .await;
+    let live = structured(&r)["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", text(&r)))
+        .to_string();
+    let r = call(
+        &bob,
+        "exec_run",
+        json!({"session_id": live, "language": "python", "code": "1", "network": true, "gear": "full_trust"}),
+    )
+    .await;
+    assert!(
+        text(&r).contains("restricted gear denies network"),
+        "{}",
+        text(&r)
+    );
+    alice.cancel().await.expect("close");
+    bob.cancel().await.expect("close");
+    let lines = d.audit_lines();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        let expected = if l["caller"] == "bob" { "ci" } else { "alice" };
+        assert_eq!(l["tenant"], expected, "{l}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["caller"] == "bob" && l["status"] == "denied" && l["gear"] == "restricted"),
+        "{lines:?}"
+    );
+}
