@@ -371,6 +371,9 @@ pub struct OAuthConfig {
     pub leeway_secs: u64,
     /// Seconds a fetched key set is kept. Default 300.
     pub jwks_ttl_secs: u64,
+    /// A token naming a key id the cached set lacks (the issuer rotated its keys) fetches
+    /// the set again, at most once per this many seconds. Default 10.
+    pub jwks_refetch_secs: u64,
 }
 
 impl Default for OAuthConfig {
@@ -383,6 +386,7 @@ impl Default for OAuthConfig {
             scope_prefix: "gearbox:".into(),
             leeway_secs: 60,
             jwks_ttl_secs: 300,
+            jwks_refetch_secs: 10,
         }
     }
 }

@@ -16,6 +16,7 @@ use gearbox_engine::config::KeyConfig;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::oauth::{TokenError, looks_like_jwt};
 use crate::Caller;
 
 /// The environment variable with `name:key,name2:key2`.
@@ -158,41 +159,84 @@ fn presented(headers: &HeaderMap) -> Option<&[u8]> {
     headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii())
 }
 
-/// A 401 whose body is a JSON-RPC error, so MCP clients show the message.
-pub fn unauthorized(message: &str) -> Response {
+/// What the daemon accepts: its API keys, and the access tokens of `[http.oauth]`.
+#[derive(Debug, Default)]
+pub struct Auth {
+    pub keys: ApiKeys,
+    pub oauth: Option<super::oauth::OAuth>,
+}
+
+impl Auth {
+    /// No key and no issuer: every request is `anonymous`.
+    pub fn is_open(&self) -> bool {
+        self.keys.is_empty() && self.oauth.is_none()
+    }
+}
+
+/// A refusal whose body is a JSON-RPC error, so MCP clients show the message.
+fn refusal(status: StatusCode, challenge: &str, message: &str) -> Response {
     let body = serde_json::json!({
         "jsonrpc": "2.0",
         "id": null,
         "error": { "code": -32001, "message": message },
     });
-    let mut r = (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"gearbox\""),
-    );
+    let mut r = (status, axum::Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(challenge) {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
     r
 }
 
-/// Middleware: with keys configured, refuse a request without a good key; put the
-/// [`Caller`] in the request's extensions.
+/// A 401 with the challenge of `auth`: where the resource metadata is when OAuth is on.
+pub fn unauthorized(auth: &Auth, error: Option<&TokenError>, message: &str) -> Response {
+    let challenge = match &auth.oauth {
+        Some(o) => o.challenge(error),
+        None => "Bearer realm=\"gearbox\"".to_string(),
+    };
+    refusal(StatusCode::UNAUTHORIZED, &challenge, message)
+}
+
+/// Middleware: unless the daemon is open, refuse a request without a good key or token;
+/// put the [`Caller`] in the request's extensions. A bearer that matches a key is that key;
+/// else, with `[http.oauth]`, one shaped like a JWT is validated as an access token.
 pub async fn require_key(
-    State(keys): State<std::sync::Arc<ApiKeys>>,
+    State(auth): State<std::sync::Arc<Auth>>,
     mut req: Request<Body>,
     next: Next,
 ) -> Response {
-    let caller = if keys.is_empty() {
+    let caller = if auth.is_open() {
         Caller::named("anonymous")
     } else {
-        match presented(req.headers()) {
-            None => {
-                return unauthorized(
-                    "unauthorized: no API key; send Authorization: Bearer KEY or X-API-Key: KEY",
-                );
+        let Some(presented) = presented(req.headers()) else {
+            let how = if auth.oauth.is_some() {
+                "send Authorization: Bearer TOKEN (an access token) or an API key"
+            } else {
+                "send Authorization: Bearer KEY or X-API-Key: KEY"
+            };
+            return unauthorized(&auth, None, &format!("unauthorized: no credentials; {how}"));
+        };
+        if let Some(name) = auth.keys.check(presented) {
+            auth.keys.caller(name)
+        } else if let Some(o) = auth.oauth.as_ref().filter(|_| looks_like_jwt(presented)) {
+            let token = String::from_utf8_lossy(presented).into_owned();
+            match o.verify(&token).await {
+                Ok(c) => c,
+                Err(e) => {
+                    return match &e {
+                        TokenError::Invalid(m) => {
+                            unauthorized(&auth, Some(&e), &format!("unauthorized: {m}"))
+                        }
+                        TokenError::Scope(m) => refusal(
+                            StatusCode::FORBIDDEN,
+                            &o.challenge(Some(&e)),
+                            &format!("forbidden: {m}"),
+                        ),
+                    };
+                }
             }
-            Some(k) => match keys.check(k) {
-                Some(name) => keys.caller(name),
-                None => return unauthorized("unauthorized: the API key is not valid"),
-            },
+        } else {
+            let e = TokenError::Invalid("not a known API key or access token".into());
+            return unauthorized(&auth, Some(&e), "unauthorized: the API key is not valid");
         }
     };
     req.extensions_mut().insert(caller);
