@@ -935,3 +935,287 @@ async fn a_capped_key_never_runs_above_its_cap() {
         "{lines:?}"
     );
 }
+
+/// A local OAuth issuer on loopback: its metadata (RFC 8414) names its key set, which the
+/// test can rotate; it counts the key set's fetches.
+struct Issuer {
+    url: String,
+    jwks: Arc<Mutex<Vec<Value>>>,
+    fetches: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// An ES256 signing key of the issuer, made in the test with ring.
+struct IssuerKey {
+    kid: String,
+    enc: jsonwebtoken::EncodingKey,
+    jwk: Value,
+}
+
+impl IssuerKey {
+    fn new(kid: &str) -> IssuerKey {
+        use base64::Engine;
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 =
+            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("key");
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .expect("pair");
+        let public = pair.public_key().as_ref();
+        assert_eq!(public.len(), 65, "uncompressed P-256 point");
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        IssuerKey {
+            kid: kid.to_string(),
+            enc: jsonwebtoken::EncodingKey::from_ec_der(pkcs8.as_ref()),
+            jwk: json!({"kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": kid,
+                "x": b64.encode(&public[1..33]), "y": b64.encode(&public[33..])}),
+        }
+    }
+
+    fn mint(&self, claims: Value) -> String {
+        let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        h.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&h, &claims, &self.enc).expect("sign")
+    }
+}
+
+impl Issuer {
+    async fn start(keys: &[&IssuerKey]) -> Issuer {
+        use axum::routing::get;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let jwks = Arc::new(Mutex::new(
+            keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>(),
+        ));
+        let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let meta = json!({"issuer": url, "jwks_uri": format!("{url}/jwks")});
+        let (set, count) = (jwks.clone(), fetches.clone());
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/oauth-authorization-server",
+                get(move || async move { axum::Json(meta) }),
+            )
+            .route(
+                "/jwks",
+                get(move || async move {
+                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let keys = set.lock().expect("lock").clone();
+                    axum::Json(json!({ "keys": keys }))
+                }),
+            );
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Issuer { url, jwks, fetches }
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// `initialize` with `bearer`: the status, the `WWW-Authenticate` header, the body.
+async fn initialize_with(d: &Daemon, bearer: &str) -> (u16, String, String) {
+    let r = mcp_post(&d.url("/mcp"))
+        .bearer_auth(bearer)
+        .json(&initialize_body())
+        .send()
+        .await
+        .expect("initialize");
+    let status = r.status().as_u16();
+    let challenge = r
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().expect("ascii").to_string())
+        .unwrap_or_default();
+    (status, challenge, r.text().await.unwrap_or_default())
+}
+
+/// OAuth 2.1 resource server over Streamable HTTP: tokens minted by a local issuer (its
+/// key set discovered from its metadata); a valid token works through rmcp's client with
+/// the subject as tenant and the gear of its scope; expired, wrong audience, wrong issuer,
+/// unknown key are 401 `invalid_token`; no gearbox scope is 403 `insufficient_scope`; a
+/// rotated key is accepted once the issuer publishes it; the metadata document and the
+/// 401 challenge name each other; API keys keep working beside tokens.
+#[tokio::test]
+async fn oauth_tokens_from_a_local_issuer() {
+    const AUD: &str = "http://gearbox.test/mcp";
+    let k1 = IssuerKey::new("k1");
+    let issuer = Issuer::start(&[&k1]).await;
+    let config = format!(
+        "gear = \"full_trust\"\n[http.oauth]\nissuer = \"{}\"\naudience = \"{AUD}\"\n\
+         jwks_refetch_secs = 0\n",
+        issuer.url
+    );
+    let d = Daemon::start(Opts {
+        config: &config,
+        ..Opts::default()
+    })
+    .await;
+    let prm_url = "http://gearbox.test/.well-known/oauth-protected-resource/mcp";
+    for path in [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ] {
+        let m: Value = http()
+            .get(d.url(path))
+            .send()
+            .await
+            .expect("metadata")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(m["resource"], AUD, "{m}");
+        assert_eq!(m["authorization_servers"], json!([issuer.url]), "{m}");
+        assert!(
+            m["scopes_supported"]
+                .as_array()
+                .is_some_and(|s| s.contains(&json!("gearbox:full_trust"))),
+            "{m}"
+        );
+    }
+    let r = mcp_post(&d.url("/mcp"))
+        .json(&initialize_body())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 401);
+    let challenge = r.headers()["www-authenticate"].to_str().expect("ascii");
+    assert_eq!(
+        challenge,
+        format!("Bearer resource_metadata=\"{prm_url}\""),
+        "no token: no error"
+    );
+
+    let now = now_secs();
+    let claims = |over: Value| {
+        let mut c = json!({"iss": issuer.url, "aud": AUD, "sub": "agent-7",
+            "scope": "openid gearbox:restricted", "iat": now, "exp": now + 600});
+        for (k, v) in over.as_object().expect("object") {
+            c[k] = v.clone();
+        }
+        c
+    };
+    // A valid token: works through rmcp's client, the tenant is the subject, the gear is
+    // its scope's (below the server's full_trust).
+    let token = k1.mint(claims(json!({})));
+    let client = d.client(Some(&token)).await;
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"language": "python", "code": "print('token ok')", "gear": "full_trust"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "token ok\n");
+    assert_eq!(
+        structured(&r)["policy"]["gear"],
+        "restricted",
+        "{}",
+        text(&r)
+    );
+    client.cancel().await.expect("close");
+    let fetched = issuer.fetches();
+    assert_eq!(fetched, 1, "the key set is fetched once and cached");
+
+    for (what, bad, needle) in [
+        (
+            "expired",
+            k1.mint(claims(json!({"exp": now - 3600, "iat": now - 7200}))),
+            "expired",
+        ),
+        (
+            "wrong audience",
+            k1.mint(claims(json!({"aud": "http://elsewhere.test/mcp"}))),
+            "aud",
+        ),
+        (
+            "wrong issuer",
+            k1.mint(claims(json!({"iss": "http://impostor.test"}))),
+            "iss",
+        ),
+        (
+            "unknown key",
+            IssuerKey::new("rogue").mint(claims(json!({}))),
+            "not in the issuer's key set",
+        ),
+        (
+            "not yet valid",
+            k1.mint(claims(json!({"nbf": now + 3600}))),
+            "nbf",
+        ),
+    ] {
+        let (status, challenge, body) = initialize_with(&d, &bad).await;
+        assert_eq!(status, 401, "{what}: {body}");
+        assert!(
+            challenge.starts_with(&format!("Bearer resource_metadata=\"{prm_url}\""))
+                && challenge.contains("error=\"invalid_token\""),
+            "{what}: {challenge}"
+        );
+        assert!(body.contains(needle), "{what}: {body}");
+    }
+    let (status, challenge, body) =
+        initialize_with(&d, &k1.mint(claims(json!({"scope": "openid profile"})))).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        challenge.contains("error=\"insufficient_scope\""),
+        "{challenge}"
+    );
+    assert!(body.contains("gearbox:"), "{body}");
+
+    // Rotation: the issuer publishes k2 after the server cached the set with k1 only.
+    let k2 = IssuerKey::new("k2");
+    issuer.jwks.lock().expect("lock").push(k2.jwk.clone());
+    let rotated = k2.mint(claims(
+        json!({"sub": "agent-8", "scope": "gearbox:full_trust"}),
+    ));
+    let (status, _, body) = initialize_with(&d, &rotated).await;
+    assert_eq!(
+        status, 200,
+        "the rotated key is fetched and accepted: {body}"
+    );
+    assert!(
+        issuer.fetches() > fetched,
+        "an unknown kid fetched the set again"
+    );
+    let client = d.client(Some(&rotated)).await;
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"language": "python", "code": "print(2)"}),
+    )
+    .await;
+    assert_eq!(
+        structured(&r)["policy"]["gear"],
+        "full_trust",
+        "{}",
+        text(&r)
+    );
+    client.cancel().await.expect("close");
+
+    // API keys keep working beside tokens.
+    let (status, _, body) = initialize_with(&d, ALICE).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, challenge, _) = initialize_with(&d, "not-a-key-and-not-a-token").await;
+    assert_eq!(status, 401);
+    assert!(challenge.contains("resource_metadata="), "{challenge}");
+
+    let lines = d.audit_lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["tenant"] == "agent-7" && l["status"] == "ok" && l["gear"] == "restricted"),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l["tenant"] == "agent-8"), "{lines:?}");
+    let all = std::fs::read_to_string(&d.audit).expect("audit");
+    assert!(!all.contains(&token), "a token is never audited");
+}
