@@ -208,12 +208,13 @@ pub async fn require_key(
         Caller::named("anonymous")
     } else {
         let Some(presented) = presented(req.headers()) else {
-            let how = if auth.oauth.is_some() {
-                "send Authorization: Bearer TOKEN (an access token) or an API key"
+            let message = if auth.oauth.is_some() {
+                "unauthorized: no API key or access token; send Authorization: Bearer TOKEN \
+                 (an access token of the configured issuer) or Bearer KEY"
             } else {
-                "send Authorization: Bearer KEY or X-API-Key: KEY"
+                "unauthorized: no API key; send Authorization: Bearer KEY or X-API-Key: KEY"
             };
-            return unauthorized(&auth, None, &format!("unauthorized: no credentials; {how}"));
+            return unauthorized(&auth, None, message);
         };
         if let Some(name) = auth.keys.check(presented) {
             auth.keys.caller(name)
