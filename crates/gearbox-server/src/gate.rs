@@ -609,7 +609,9 @@ impl Gatekeeper {
         let hash_only = self.audit.as_ref().is_some_and(|a| a.hash_only());
         let backend = self.engine.config().backend;
         fill_request(&mut r, req, backend.as_str(), hash_only);
-        r.gear = Some(self.gear.to_string());
+        // Only user_confirmed asks: the gear the run was evaluated under, whatever the
+        // server's (a caller's cap or its `gear` may have lowered it to this one).
+        r.gear = Some(Gear::UserConfirmed.to_string());
         r.capabilities = caps.iter().map(|c| c.as_str().to_string()).collect();
         r.approval = Some(what.to_string());
         r.status = what.to_string();

@@ -1052,7 +1052,7 @@ async fn oauth_tokens_from_a_local_issuer() {
     let issuer = Issuer::start(&[&k1]).await;
     let config = format!(
         "gear = \"full_trust\"\n[http.oauth]\nissuer = \"{}\"\naudience = \"{AUD}\"\n\
-         jwks_refetch_secs = 0\n",
+         jwks_refetch_secs = 0\n[approvals]\nhttp_approvers = [\"agent-7\"]\n",
         issuer.url
     );
     let d = Daemon::start(Opts {
@@ -1200,6 +1200,30 @@ async fn oauth_tokens_from_a_local_issuer() {
         text(&r)
     );
     client.cancel().await.expect("close");
+
+    // `http_approvers` names keys, not token subjects; the admin scope makes an admin.
+    let r = http()
+        .get(d.url("/approvals"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("approvals");
+    assert_eq!(
+        r.status().as_u16(),
+        403,
+        "a subject named like an approver key"
+    );
+    let admin = k1.mint(claims(
+        json!({"sub": "ops", "scope": "gearbox:read_only gearbox:admin"}),
+    ));
+    let r = http()
+        .get(d.url("/approvals"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .expect("approvals");
+    assert_eq!(r.status().as_u16(), 200, "the admin scope");
+    assert!(r.json::<Value>().await.expect("json").is_array());
 
     // API keys keep working beside tokens.
     let (status, _, body) = initialize_with(&d, ALICE).await;
