@@ -85,11 +85,15 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// List the runs waiting for a human on the running servers of this user.
+    /// List the runs waiting for a human on the running servers of this user (every
+    /// tenant's: the local socket is the operator's).
     Approvals {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Only the operations of this tenant (an API key's tenant, a token's subject).
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -238,17 +242,19 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Config(ConfigCommand::Init { file, force }) => config_init(file, force),
         Command::Approve { id, reason } => decide(&config, LocalRequest::Approve { id, reason }),
         Command::Reject { id, reason } => decide(&config, LocalRequest::Reject { id, reason }),
-        Command::Approvals { json } => list_approvals(&config, json),
+        Command::Approvals { json, tenant } => list_approvals(&config, json, tenant.as_deref()),
     }
 }
 
 fn print_op(v: &OpView) {
     let state = serde_json::to_value(v.state).unwrap_or_default();
     println!(
-        "{}  {}  {}  wants: {}  expires in {} s",
+        "{}  {}  tenant {}  {} at {}  wants: {}  expires in {} s",
         v.operation_id,
         state.as_str().unwrap_or("?"),
+        v.tenant,
         v.language,
+        v.gear,
         if v.capabilities.is_empty() {
             "no capabilities (high risk)".to_string()
         } else {
@@ -282,9 +288,12 @@ fn decide(config: &Config, req: LocalRequest) -> Result<ExitCode> {
     })
 }
 
-fn list_approvals(config: &Config, json: bool) -> Result<ExitCode> {
+fn list_approvals(config: &Config, json: bool, tenant: Option<&str>) -> Result<ExitCode> {
     let dir = config.approvals.socket_dir();
-    let views = ask_local(&dir, &LocalRequest::List).map_err(anyhow::Error::msg)?;
+    let mut views = ask_local(&dir, &LocalRequest::List).map_err(anyhow::Error::msg)?;
+    if let Some(t) = tenant {
+        views.retain(|v| v.tenant == t);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&views)?);
     } else if views.is_empty() {

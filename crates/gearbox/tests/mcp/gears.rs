@@ -747,6 +747,25 @@ async fn http_approvals_need_an_approver_key() {
         .await
         .expect("post");
     assert_eq!(r.status().as_u16(), 401, "no key");
+    // The operator's CLI (the local socket) lists every tenant's, filtered by --tenant.
+    let cli = |tenant: &str| -> Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
+            .arg("--config")
+            .arg(&config)
+            .args(["approvals", "--json", "--tenant", tenant])
+            .output()
+            .expect("gearbox approvals");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let mine = cli("agent");
+    assert_eq!(mine[0]["operation_id"], json!(id), "{mine}");
+    assert_eq!(mine[0]["tenant"], "agent", "{mine}");
+    assert_eq!(cli("other"), json!([]));
     // An approver of another tenant: not in its list, "not found" by id, cannot decide.
     let get =
         |key: &'static str, path: String| http.get(format!("{base}{path}")).bearer_auth(key).send();
