@@ -35,6 +35,8 @@ struct Opts<'a> {
     /// `None`: a fresh audit file in the temp dir.
     audit: Option<&'a Path>,
     extra: &'a [&'a str],
+    /// Environment variables of the daemon.
+    env: &'a [(&'a str, &'a str)],
 }
 
 impl Default for Opts<'_> {
@@ -44,6 +46,7 @@ impl Default for Opts<'_> {
             config: "",
             audit: None,
             extra: &[],
+            env: &[],
         }
     }
 }
@@ -72,6 +75,7 @@ impl Daemon {
         if let Some(k) = o.keys {
             cmd.env("GEARBOX_API_KEYS", k);
         }
+        cmd.env_remove("SSL_CERT_FILE").envs(o.env.iter().copied());
         let mut child = cmd.spawn().expect("spawn gearbox serve --http");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
@@ -1242,4 +1246,142 @@ async fn oauth_tokens_from_a_local_issuer() {
     assert!(lines.iter().any(|l| l["tenant"] == "agent-8"), "{lines:?}");
     let all = std::fs::read_to_string(&d.audit).expect("audit");
     assert!(!all.contains(&token), "a token is never audited");
+}
+
+/// The local issuer over https: a CA made in the test signs a certificate for 127.0.0.1;
+/// a minimal HTTP/1.1 responder serves the metadata and the key set over rustls. Returns
+/// the issuer and the CA's PEM file.
+async fn tls_issuer(keys: &[&IssuerKey], dir: &Path) -> (Issuer, PathBuf) {
+    use tokio_rustls::rustls;
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "gearbox test issuer CA");
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let ca_cert = ca.self_signed(&ca_key).expect("ca cert");
+    let ca_file = dir.join("issuer-ca.pem");
+    std::fs::write(&ca_file, ca_cert.pem()).expect("write ca");
+    let ca = rcgen::Issuer::new(ca, ca_key);
+    let mut leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("leaf");
+    leaf.use_authority_key_identifier_extension = true;
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_key = rcgen::KeyPair::generate().expect("leaf key");
+    let leaf_cert = leaf.signed_by(&leaf_key, &ca).expect("leaf cert");
+    #[allow(deprecated, reason = "ring, as the daemon uses")]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf_cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("https://{}", listener.local_addr().expect("addr"));
+    let jwks = Arc::new(Mutex::new(
+        keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>(),
+    ));
+    let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let meta = json!({"issuer": url, "jwks_uri": format!("{url}/jwks")});
+    let (set, count) = (jwks.clone(), fetches.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, set, count, meta) =
+                (acceptor.clone(), set.clone(), count.clone(), meta.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head);
+                let path = head.split_whitespace().nth(1).unwrap_or("");
+                let (status, body) = match path {
+                    "/.well-known/oauth-authorization-server" => ("200 OK", meta.to_string()),
+                    "/jwks" => {
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let keys = set.lock().expect("lock").clone();
+                        ("200 OK", json!({ "keys": keys }).to_string())
+                    }
+                    _ => ("404 Not Found", "{}".to_string()),
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (Issuer { url, jwks, fetches }, ca_file)
+}
+
+/// An https issuer: its metadata and key set are fetched over TLS, verified against the
+/// roots of `SSL_CERT_FILE` (here the test's CA): a token is accepted; a daemon that does
+/// not trust that CA never gets the keys and refuses the token.
+#[tokio::test]
+async fn oauth_keys_are_fetched_over_verified_tls() {
+    const AUD: &str = "http://gearbox.test/mcp";
+    let dir = TempDir::new("tls-issuer");
+    let k1 = IssuerKey::new("k1");
+    let (issuer, ca_file) = tls_issuer(&[&k1], &dir.0).await;
+    let config = format!(
+        "[http.oauth]\nissuer = \"{}\"\naudience = \"{AUD}\"\n",
+        issuer.url
+    );
+    let now = now_secs();
+    let token = k1.mint(json!({"iss": issuer.url, "aud": AUD, "sub": "tls-agent",
+        "scope": "gearbox:restricted", "exp": now + 600}));
+    let ca = ca_file.display().to_string();
+    let trusting = Daemon::start(Opts {
+        config: &config,
+        env: &[("SSL_CERT_FILE", &ca)],
+        ..Opts::default()
+    })
+    .await;
+    let (status, _, body) = initialize_with(&trusting, &token).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(issuer.fetches(), 1);
+    // Another CA, not the one that signed the issuer's certificate.
+    let mut stranger = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    stranger.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let stranger = stranger
+        .self_signed(&rcgen::KeyPair::generate().expect("key"))
+        .expect("cert");
+    let stranger_file = dir.0.join("stranger-ca.pem");
+    std::fs::write(&stranger_file, stranger.pem()).expect("write");
+    let other = stranger_file.display().to_string();
+    let distrusting = Daemon::start(Opts {
+        config: &config,
+        env: &[("SSL_CERT_FILE", &other)],
+        ..Opts::default()
+    })
+    .await;
+    let (status, challenge, body) = initialize_with(&distrusting, &token).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(challenge.contains("invalid_token"), "{challenge}");
+    assert!(body.contains("could not be fetched"), "{body}");
+    assert!(body.contains("TLS"), "the handshake failed: {body}");
+    assert_eq!(
+        issuer.fetches(),
+        1,
+        "the untrusted daemon never got the key set"
+    );
 }
