@@ -20,3 +20,9 @@ mod state;
 pub use config::NetworkConfig;
 pub use proxy::{Egress, RunEgress};
 pub use secrets::{SecretConfig, check as check_secrets};
+
+/// A TLS client configuration that trusts the system's roots (`SSL_CERT_FILE`, else the
+/// usual bundles), on the same ring provider as the proxy; ALPN `http/1.1`.
+pub fn tls_client_config() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    ca::upstream_config(&[])
+}

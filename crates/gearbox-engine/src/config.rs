@@ -274,6 +274,121 @@ pub struct HttpConfig {
     /// On SIGTERM/SIGINT, how long running calls may take to finish before they are
     /// killed, in milliseconds. Default 6000 (the whole shutdown stays under 10 s).
     pub shutdown_grace_ms: u64,
+    /// Settings of named API keys (`[http.keys.NAME]`): the tenant a key belongs to, whether
+    /// it is an admin, the highest gear its calls run at. A key without an entry is its own
+    /// tenant, not admin, uncapped. An entry naming no configured key stops start-up.
+    pub keys: BTreeMap<String, KeyConfig>,
+    /// OAuth 2.1 resource server (`[http.oauth]`): JWT access tokens from one issuer,
+    /// accepted beside the API keys. Default: off.
+    pub oauth: Option<OAuthConfig>,
+}
+
+impl HttpConfig {
+    /// Check `[http.oauth]` and `[http.keys]`: what a server cannot start with.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, k) in &self.keys {
+            if let Some(t) = &k.tenant
+                && (t.is_empty()
+                    || !t
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.@:".contains(c)))
+            {
+                return Err(format!(
+                    "[http.keys.{name}] tenant {t:?}: letters, digits, - _ . @ : only"
+                ));
+            }
+        }
+        let Some(o) = &self.oauth else {
+            return Ok(());
+        };
+        if o.issuer.trim().is_empty() {
+            return Err("[http.oauth] issuer: required (the authorization server's issuer)".into());
+        }
+        if o.audience.trim().is_empty() {
+            return Err(
+                "[http.oauth] audience: required (this server's resource URL, such as \
+                 https://gearbox.example/mcp)"
+                    .into(),
+            );
+        }
+        for (what, url) in [
+            ("issuer", Some(&o.issuer)),
+            ("jwks_url", o.jwks_url.as_ref()),
+        ] {
+            if let Some(u) = url
+                && !(u.starts_with("https://") || u.starts_with("http://"))
+            {
+                return Err(format!(
+                    "[http.oauth] {what} {u:?}: expected an http(s) URL"
+                ));
+            }
+        }
+        if !["sub", "client_id", "azp"].contains(&o.tenant_claim.as_str()) {
+            return Err(format!(
+                "[http.oauth] tenant_claim {:?}: expected sub, client_id or azp",
+                o.tenant_claim
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[http.keys.NAME]`: what one API key may do.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyConfig {
+    /// The tenant the key's calls belong to (what owns sessions and approvals). Default: the
+    /// key's name. Several keys may share a tenant (an agent's key and its human's).
+    pub tenant: Option<String>,
+    /// An admin key sees and decides every tenant's approvals. Default false.
+    pub admin: bool,
+    /// The highest gear the key's calls run at, whatever a call asks: `read_only`,
+    /// `restricted`, `user_confirmed` or `full_trust`. Default: none (the server's gear).
+    pub max_gear: Option<Gear>,
+}
+
+/// `[http.oauth]`: gearbox as an OAuth 2.1 resource server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct OAuthConfig {
+    /// The authorization server's issuer identifier; a token's `iss` must equal it.
+    pub issuer: String,
+    /// Where its signing keys (JWKS) are. Default: read from the issuer's
+    /// `/.well-known/oauth-authorization-server`, else `/.well-known/openid-configuration`.
+    pub jwks_url: Option<String>,
+    /// This server's resource identifier (RFC 8707), such as `https://gearbox.example/mcp`;
+    /// a token's `aud` must contain it. Also the `resource` of the protected resource
+    /// metadata.
+    pub audience: String,
+    /// The claim that names the tenant: `sub` (default), `client_id` or `azp`.
+    pub tenant_claim: String,
+    /// Prefix of the scopes gearbox reads: `PREFIX` + a gear name (`gearbox:restricted`, ...)
+    /// caps the token's calls at that gear (the highest such scope counts), and
+    /// `PREFIX` + `admin` makes it an admin. A token with no gear scope gets 403
+    /// `insufficient_scope`. Default `gearbox:`.
+    pub scope_prefix: String,
+    /// Seconds of clock skew allowed on `exp` and `nbf`. Default 60.
+    pub leeway_secs: u64,
+    /// Seconds a fetched key set is kept. Default 300.
+    pub jwks_ttl_secs: u64,
+    /// A token naming a key id the cached set lacks (the issuer rotated its keys) fetches
+    /// the set again, at most once per this many seconds. Default 10.
+    pub jwks_refetch_secs: u64,
+}
+
+impl Default for OAuthConfig {
+    fn default() -> Self {
+        OAuthConfig {
+            issuer: String::new(),
+            jwks_url: None,
+            audience: String::new(),
+            tenant_claim: "sub".into(),
+            scope_prefix: "gearbox:".into(),
+            leeway_secs: 60,
+            jwks_ttl_secs: 300,
+            jwks_refetch_secs: 10,
+        }
+    }
 }
 
 impl Default for HttpConfig {
@@ -291,6 +406,8 @@ impl Default for HttpConfig {
             body_timeout_ms: 30_000,
             max_connections: 1024,
             shutdown_grace_ms: 6_000,
+            keys: BTreeMap::new(),
+            oauth: None,
         }
     }
 }
@@ -505,6 +622,7 @@ impl Config {
             .docker
             .validate()
             .and_then(|()| config.network.validate())
+            .and_then(|()| config.http.validate())
             .and_then(|()| gearbox_egress::check_secrets(&config.secrets))
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
@@ -551,6 +669,44 @@ mod tests {
             .expect("parses");
         assert!(sandbox.sandbox.require_limits);
         assert!(Config::from_toml(Path::new("x.toml"), "[sandbox]\nrequire = true\n").is_err());
+    }
+
+    #[test]
+    fn key_settings_and_oauth_parse_and_are_checked() {
+        let parse = |t: &str| Config::from_toml(Path::new("x.toml"), t);
+        let c = parse(
+            "[http.keys.ci]\nmax_gear = \"restricted\"\n[http.keys.ops]\nadmin = true\n\
+             tenant = \"team-a\"\n",
+        )
+        .expect("keys parse");
+        assert_eq!(c.http.keys["ci"].max_gear, Some(Gear::Restricted));
+        assert!(!c.http.keys["ci"].admin);
+        assert!(c.http.keys["ops"].admin);
+        assert_eq!(c.http.keys["ops"].tenant.as_deref(), Some("team-a"));
+        let e = parse("[http.keys.ci]\nmax_gear = \"turbo\"\n").expect_err("bad gear");
+        assert!(e.to_string().contains("turbo"), "{e}");
+        let e = parse("[http.keys.ci]\ntenant = \"a b\"\n").expect_err("bad tenant");
+        assert!(e.to_string().contains("tenant"), "{e}");
+        let c = parse(
+            "[http.oauth]\nissuer = \"https://id.example\"\naudience = \"https://g.example/mcp\"\n",
+        )
+        .expect("oauth parses");
+        let o = c.http.oauth.expect("oauth");
+        assert_eq!(
+            (o.tenant_claim.as_str(), o.scope_prefix.as_str()),
+            ("sub", "gearbox:")
+        );
+        let e = parse("[http.oauth]\nissuer = \"https://id.example\"\n").expect_err("no aud");
+        assert!(e.to_string().contains("audience"), "{e}");
+        let e = parse(
+            "[http.oauth]\nissuer = \"https://id.example\"\naudience = \"x\"\n\
+             tenant_claim = \"email\"\n",
+        )
+        .expect_err("claim");
+        assert!(e.to_string().contains("tenant_claim"), "{e}");
+        let e = parse("[http.oauth]\nissuer = \"id.example\"\naudience = \"x\"\n")
+            .expect_err("not a URL");
+        assert!(e.to_string().contains("issuer"), "{e}");
     }
 
     #[test]

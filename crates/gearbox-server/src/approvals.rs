@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gearbox_core::Capability;
+use gearbox_core::{Capability, Gear};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -54,6 +54,12 @@ pub struct OpView {
     pub capabilities: Vec<Capability>,
     /// Seconds until it expires (0 once expired or decided and used).
     pub expires_in_secs: u64,
+    /// The tenant whose call asked.
+    #[serde(default)]
+    pub tenant: String,
+    /// The gear the run was asked under: approving it runs it at this gear.
+    #[serde(default)]
+    pub gear: Gear,
     /// Who decided (`local:UID`, an API key's name), once decided.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
@@ -92,6 +98,11 @@ pub enum TakeError {
     Used,
     /// The request differs from the approved one.
     Changed,
+    /// The run was asked under a gear above the highest the caller may now run at.
+    AboveCap {
+        gear: Gear,
+        cap: Gear,
+    },
 }
 
 impl std::fmt::Display for TakeError {
@@ -120,6 +131,11 @@ impl std::fmt::Display for TakeError {
                  approval covers exactly the request that was shown. Call again without \
                  operation_id to ask for this one",
             ),
+            TakeError::AboveCap { gear, cap } => write!(
+                f,
+                "operation_id: the operation was asked under the {gear} gear, above the \
+                 highest gear this caller may run at ({cap}); call again without it"
+            ),
         }
     }
 }
@@ -129,6 +145,23 @@ pub struct Approvals {
     ops: Mutex<HashMap<String, Op>>,
     ttl: Duration,
     audit: Option<Arc<AuditLog>>,
+}
+
+/// Whose operations a decider sees: every tenant's (the local socket, an admin key) or one
+/// tenant's; to a decider of one tenant, another's operations do not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    All,
+    Tenant(&'a str),
+}
+
+impl Scope<'_> {
+    fn sees(&self, owner: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Tenant(t) => *t == owner,
+        }
+    }
 }
 
 /// Whether `id` looks like an operation id (a UUID v4, hyphenated, lower case). Checked
@@ -173,6 +206,8 @@ impl Approvals {
             code_sha256: crate::audit::sha256_hex(plan.request.code.as_bytes()),
             capabilities: capabilities.iter().copied().collect(),
             expires_in_secs: self.ttl.as_secs(),
+            tenant: owner.to_string(),
+            gear: report.gear,
             decided_by: None,
             reason: None,
         };
@@ -201,13 +236,28 @@ impl Approvals {
         Ok(view)
     }
 
-    /// Approve or reject a pending operation.
+    /// Approve or reject a pending operation, as the operator (every tenant, no cap).
     pub async fn decide(
         &self,
         id: &str,
         approve: bool,
         by: &str,
         reason: Option<String>,
+    ) -> Result<OpView, String> {
+        self.decide_as(id, approve, by, reason, Scope::All, None)
+            .await
+    }
+
+    /// Approve or reject a pending operation of `scope`; a decider capped at `max_gear`
+    /// cannot approve a run asked under a higher gear.
+    pub async fn decide_as(
+        &self,
+        id: &str,
+        approve: bool,
+        by: &str,
+        reason: Option<String>,
+        scope: Scope<'_>,
+        max_gear: Option<Gear>,
     ) -> Result<OpView, String> {
         if !valid_id(id) {
             return Err("not an operation id (expected a UUID v4)".into());
@@ -216,9 +266,19 @@ impl Approvals {
         self.sweep();
         let view = {
             let mut ops = self.lock();
-            let Some(op) = ops.get_mut(id) else {
+            let Some(op) = ops.get_mut(id).filter(|op| scope.sees(&op.owner)) else {
                 return Err(format!("no operation {id} on this server"));
             };
+            if let Some(cap) = max_gear
+                && approve
+                && op.report.gear > cap
+            {
+                return Err(format!(
+                    "forbidden: operation {id} runs at the {} gear, above this approver's \
+                     highest gear ({cap})",
+                    op.report.gear
+                ));
+            }
             if op.view.state != OpState::Pending {
                 return Err(format!(
                     "operation {id} is {} already",
@@ -246,12 +306,17 @@ impl Approvals {
 
     /// The current view of an operation.
     pub fn status(&self, id: &str) -> Option<OpView> {
+        self.status_in(id, Scope::All)
+    }
+
+    /// The current view of an operation of `scope`.
+    pub fn status_in(&self, id: &str, scope: Scope<'_>) -> Option<OpView> {
         if !valid_id(id) {
             return None;
         }
         self.sweep();
         let ops = self.lock();
-        ops.get(id).map(|op| {
+        ops.get(id).filter(|op| scope.sees(&op.owner)).map(|op| {
             let mut v = op.view.clone();
             v.expires_in_secs = op
                 .expires
@@ -263,11 +328,16 @@ impl Approvals {
 
     /// Every operation not yet used, pending first.
     pub fn list(&self) -> Vec<OpView> {
+        self.list_in(Scope::All)
+    }
+
+    /// The operations of `scope` not yet used, pending first.
+    pub fn list_in(&self, scope: Scope<'_>) -> Vec<OpView> {
         self.sweep();
         let ops = self.lock();
         let mut v: Vec<OpView> = ops
             .values()
-            .filter(|o| o.view.state != OpState::Used)
+            .filter(|o| o.view.state != OpState::Used && scope.sees(&o.owner))
             .map(|o| {
                 let mut v = o.view.clone();
                 v.expires_in_secs = o
@@ -284,11 +354,24 @@ impl Approvals {
     /// Take an approved operation for its one run. With `hash`, the caller's request must be
     /// the approved one; without, the stored request runs (`approval_status`).
     /// Only `tenant`, the tenant that asked, may take it: to any other it is unknown.
+    #[cfg(test)]
     pub(crate) fn take(
         &self,
         id: &str,
         hash: Option<&str>,
         tenant: &str,
+    ) -> Result<Approved, TakeError> {
+        self.take_capped(id, hash, tenant, Gear::FullTrust)
+    }
+
+    /// [`Approvals::take`] by a caller whose runs go no higher than `ceiling`: an operation
+    /// asked under a higher gear is refused, whoever approved it.
+    pub(crate) fn take_capped(
+        &self,
+        id: &str,
+        hash: Option<&str>,
+        tenant: &str,
+        ceiling: Gear,
     ) -> Result<Approved, TakeError> {
         if !valid_id(id) {
             return Err(TakeError::Unknown);
@@ -309,6 +392,12 @@ impl Approvals {
             && h != op.hash
         {
             return Err(TakeError::Changed);
+        }
+        if op.report.gear > ceiling {
+            return Err(TakeError::AboveCap {
+                gear: op.report.gear,
+                cap: ceiling,
+            });
         }
         op.view.state = OpState::Used;
         op.expires = Instant::now() + self.ttl;
@@ -397,6 +486,8 @@ fn state_name(s: OpState) -> &'static str {
 /// An audit line for a decision about an operation.
 pub fn approval_record(v: &OpView, what: &'static str, by: &str) -> Record {
     let mut r = Record::new("approval", by, "local", "approval");
+    r.tenant.clone_from(&v.tenant);
+    r.gear = Some(v.gear.to_string());
     r.language = Some(v.language.clone());
     r.code_sha256 = Some(v.code_sha256.clone());
     r.status = what.to_string();
@@ -741,6 +832,46 @@ mod tests {
         ));
         a.take(&v.operation_id, None, "alice")
             .expect("its tenant still may");
+    }
+
+    #[tokio::test]
+    async fn a_decider_sees_its_scope_and_a_cap_bounds_approval_and_run() {
+        let a = Approvals::new(Duration::from_secs(60), None);
+        let (v, hash) = pending(&a, "print(5)");
+        assert_eq!((v.tenant.as_str(), v.gear), ("alice", Gear::UserConfirmed));
+        let id = v.operation_id.as_str();
+        assert!(a.list_in(Scope::Tenant("bob")).is_empty());
+        assert_eq!(a.list_in(Scope::Tenant("alice")).len(), 1);
+        assert_eq!(a.list_in(Scope::All).len(), 1);
+        assert!(a.status_in(id, Scope::Tenant("bob")).is_none());
+        assert!(a.status_in(id, Scope::Tenant("alice")).is_some());
+        let e = a
+            .decide_as(id, true, "http:b", None, Scope::Tenant("bob"), None)
+            .await
+            .expect_err("another tenant");
+        assert!(e.starts_with("no operation"), "{e}");
+        let e = a
+            .decide_as(
+                id,
+                true,
+                "http:j",
+                None,
+                Scope::Tenant("alice"),
+                Some(Gear::Restricted),
+            )
+            .await
+            .expect_err("capped approver");
+        assert!(e.starts_with("forbidden"), "{e}");
+        assert_eq!(a.status(id).map(|v| v.state), Some(OpState::Pending));
+        a.decide_as(id, true, "http:h", None, Scope::Tenant("alice"), None)
+            .await
+            .expect("an approver of the tenant");
+        assert!(matches!(
+            a.take_capped(id, Some(&hash), "alice", Gear::Restricted),
+            Err(TakeError::AboveCap { .. })
+        ));
+        a.take_capped(id, Some(&hash), "alice", Gear::UserConfirmed)
+            .expect("at its gear");
     }
 
     #[tokio::test]

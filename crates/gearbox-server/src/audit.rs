@@ -73,8 +73,12 @@ pub struct Record {
     pub time: String,
     /// `execution` (a sandbox ran) or `refusal` (nothing ran: arguments, policy, busy, audit).
     pub event: &'static str,
-    /// Name of the API key, `anonymous` over HTTP without keys, `local` over stdio.
+    /// Name of the API key (or a token's tenant claim), `anonymous` over HTTP without
+    /// keys, `local` over stdio.
     pub caller: String,
+    /// The tenant the event concerns: the caller's (an API key's `[http.keys.NAME] tenant`,
+    /// else its name), or for a decision on an approval, the tenant that asked for it.
+    pub tenant: String,
     /// `stdio`, `http` (Streamable HTTP) or `sse` (the 2024-11-05 transport).
     pub transport: String,
     pub tool: String,
@@ -131,6 +135,7 @@ impl Record {
             time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             event,
             caller: caller.to_string(),
+            tenant: caller.to_string(),
             transport: transport.to_string(),
             tool: tool.to_string(),
             language: None,
@@ -168,7 +173,12 @@ impl Record {
 
 /// Who asked, over what, when: what the audit line and metrics need of one call.
 pub(crate) struct CallInfo {
+    /// The API key's name or the token's tenant claim.
     pub caller: String,
+    /// The tenant that owns what the call creates.
+    pub tenant: String,
+    /// The highest gear the caller's calls run at (`None`: the server's).
+    pub max_gear: Option<gearbox_core::Gear>,
     pub transport: String,
     pub tool: String,
     pub arrived: Instant,
@@ -177,6 +187,7 @@ pub(crate) struct CallInfo {
 /// Append `record` of the call `info`, with the call's total time; false when `log` is
 /// configured and the line did not reach the disk.
 pub(crate) async fn append(log: Option<&AuditLog>, mut record: Record, info: &CallInfo) -> bool {
+    record.tenant.clone_from(&info.tenant);
     record.durations.total_ms = info.arrived.elapsed().as_millis() as u64;
     match log {
         Some(log) => log.write(&record).await.is_ok(),

@@ -152,6 +152,12 @@ impl Gatekeeper {
         self.gear
     }
 
+    /// The highest gear a call of `info`'s caller runs at: the server's, or the caller's cap
+    /// when lower.
+    pub fn ceiling(&self, info: &CallInfo) -> Gear {
+        info.max_gear.map_or(self.gear, |cap| cap.min(self.gear))
+    }
+
     /// A report for a run no gear looked at.
     pub fn plain_report(&self) -> PolicyReport {
         PolicyReport {
@@ -178,8 +184,11 @@ impl Gatekeeper {
         ctx: &RequestContext<RoleServer>,
     ) -> Gate {
         let server_gear = self.gear;
+        let ceiling = self.ceiling(info);
         let backend = plan.backend;
         let mut report = self.plain_report();
+        // Above the server's gear: refused. Above the caller's own cap (`[http.keys.NAME]
+        // max_gear`, a token's gear scope): lowered to the cap, as is the server's gear.
         let gear = match call.gear {
             Some(g) if g > server_gear => {
                 let reason = format!(
@@ -190,8 +199,8 @@ impl Gatekeeper {
                     .gear_refusal(kind, info, &plan.request, backend, &report, reason, "auto")
                     .await;
             }
-            Some(g) => g,
-            None => server_gear,
+            Some(g) => g.min(ceiling),
+            None => ceiling,
         };
         if let Err(reason) =
             policy::network_within_gear(gear, &plan.request.network, &self.engine.config().network)
@@ -255,7 +264,10 @@ impl Gatekeeper {
                 }
             };
             let hash = approval_hash(&plan, &caps);
-            return match self.approvals.take(&id, Some(&hash), &info.caller) {
+            return match self
+                .approvals
+                .take_capped(&id, Some(&hash), &info.tenant, gear)
+            {
                 // The approved plan: equal to this one in everything the hash binds.
                 Ok(approved) => run_approved(approved),
                 Err(TakeError::Pending(view)) => {
@@ -490,7 +502,7 @@ impl Gatekeeper {
             &caps,
             question,
             report.clone(),
-            &info.caller,
+            &info.tenant,
         ) {
             Ok(view) => {
                 self.audit_elicitation(info, req, &caps, "asked", Some(&view.operation_id))
@@ -513,7 +525,7 @@ impl Gatekeeper {
 
     /// The gate of `approval_status`: the approved plan, whole (its session and its tools
     /// too), with what was granted; else the answer: still pending, or the refusal.
-    pub fn approval_status(&self, id: &str, tenant: &str) -> Gate {
+    pub fn approval_status(&self, id: &str, info: &CallInfo) -> Gate {
         let backend = self.engine.config().backend;
         let report = self.plain_report();
         let deny = |reason: String| {
@@ -532,7 +544,10 @@ impl Gatekeeper {
                     .into(),
             );
         }
-        match self.approvals.take(id, None, tenant) {
+        match self
+            .approvals
+            .take_capped(id, None, &info.tenant, self.ceiling(info))
+        {
             Ok(approved) => run_approved(approved),
             Err(TakeError::Pending(view)) => {
                 Gate::Answer(tools::pending_result(backend.as_str(), &view, &report).into())
@@ -594,7 +609,9 @@ impl Gatekeeper {
         let hash_only = self.audit.as_ref().is_some_and(|a| a.hash_only());
         let backend = self.engine.config().backend;
         fill_request(&mut r, req, backend.as_str(), hash_only);
-        r.gear = Some(self.gear.to_string());
+        // Only user_confirmed asks: the gear the run was evaluated under, whatever the
+        // server's (a caller's cap or its `gear` may have lowered it to this one).
+        r.gear = Some(Gear::UserConfirmed.to_string());
         r.capabilities = caps.iter().map(|c| c.as_str().to_string()).collect();
         r.approval = Some(what.to_string());
         r.status = what.to_string();

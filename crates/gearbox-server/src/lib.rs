@@ -49,10 +49,38 @@ pub const EXAMPLE_CONFIG: &str = include_str!("config_example.toml");
 /// How often a running call reports progress to a client that sent a progress token.
 pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The caller of a request: the name of the API key it presented (never the key). Put in
-/// the HTTP request's extensions by the authentication layer.
+/// The caller of a request, put in the HTTP request's extensions by the authentication
+/// layer: who presented (an API key's name, never the key; or a token's tenant claim), the
+/// tenant that owns what its calls create, whether it is an admin, and the highest gear its
+/// calls run at.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller(pub String);
+pub struct Caller {
+    /// The API key's name or the token's tenant claim; audited as `caller`.
+    pub name: String,
+    /// Owner of the sessions, live sessions and approvals its calls create.
+    pub tenant: String,
+    /// Sees and decides every tenant's approvals.
+    pub admin: bool,
+    /// The highest gear its calls run at, whatever they ask; `None`: the server's gear.
+    pub max_gear: Option<gearbox_core::Gear>,
+}
+
+impl Caller {
+    /// A caller that is its own tenant: not admin, uncapped.
+    pub fn named(name: &str) -> Caller {
+        Caller {
+            name: name.to_string(),
+            tenant: name.to_string(),
+            admin: false,
+            max_gear: None,
+        }
+    }
+
+    /// The highest gear this caller's calls run at on a server of `server`.
+    pub fn ceiling(&self, server: gearbox_core::Gear) -> gearbox_core::Gear {
+        self.max_gear.map_or(server, |cap| cap.min(server))
+    }
+}
 
 /// The transport a request came over (`http`, `sse`), in the HTTP request's extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

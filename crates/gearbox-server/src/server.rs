@@ -159,15 +159,17 @@ impl GearboxServer {
         let parts = ctx.extensions.get::<axum::http::request::Parts>();
         let caller = parts
             .and_then(|p| p.extensions.get::<Caller>())
-            .map(|c| c.0.clone())
-            .or_else(|| ctx.extensions.get::<Caller>().map(|c| c.0.clone()))
-            .unwrap_or_else(|| self.inner.caller.clone());
+            .or_else(|| ctx.extensions.get::<Caller>())
+            .cloned()
+            .unwrap_or_else(|| Caller::named(&self.inner.caller));
         let transport = parts
             .and_then(|p| p.extensions.get::<TransportName>())
             .or_else(|| ctx.extensions.get::<TransportName>())
             .map_or(self.inner.transport, |t| t.0);
         CallInfo {
-            caller,
+            caller: caller.name,
+            tenant: caller.tenant,
+            max_gear: caller.max_gear,
             transport: transport.to_string(),
             tool: tool.to_string(),
             arrived: Instant::now(),
@@ -506,10 +508,14 @@ impl GearboxServer {
                 .await
                 .into());
         }
-        let tenant = self.call_info(&request.name, ctx).caller;
+        let CallInfo {
+            tenant, max_gear, ..
+        } = self.call_info(&request.name, ctx);
+        // A live session's packages need full_trust: the caller's cap counts.
+        let ceiling = max_gear.map_or(self.gear(), |cap| cap.min(self.gear()));
         if kind == ToolKind::Session
             && let Some(answer) =
-                crate::sessions::answer(engine, self.broker(), self.gear(), &tenant, &request).await
+                crate::sessions::answer(engine, self.broker(), ceiling, &tenant, &request).await
         {
             return Ok(answer);
         }
@@ -657,7 +663,7 @@ impl GearboxServer {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         // The approved plan, whole: its session and its tools too.
-        let (plan, report) = match self.inner.gatekeeper.approval_status(id, &info.caller) {
+        let (plan, report) = match self.inner.gatekeeper.approval_status(id, info) {
             Gate::Answer(answer) => return Ok(answer),
             Gate::Run { plan, report } => (plan, report),
         };

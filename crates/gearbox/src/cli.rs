@@ -85,11 +85,15 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// List the runs waiting for a human on the running servers of this user.
+    /// List the runs waiting for a human on the running servers of this user (every
+    /// tenant's: the local socket is the operator's).
     Approvals {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Only the operations of this tenant (an API key's tenant, a token's subject).
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -242,17 +246,19 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Config(ConfigCommand::Init { file, force }) => config_init(file, force),
         Command::Approve { id, reason } => decide(&config, LocalRequest::Approve { id, reason }),
         Command::Reject { id, reason } => decide(&config, LocalRequest::Reject { id, reason }),
-        Command::Approvals { json } => list_approvals(&config, json),
+        Command::Approvals { json, tenant } => list_approvals(&config, json, tenant.as_deref()),
     }
 }
 
 fn print_op(v: &OpView) {
     let state = serde_json::to_value(v.state).unwrap_or_default();
     println!(
-        "{}  {}  {}  wants: {}  expires in {} s",
+        "{}  {}  tenant {}  {} at {}  wants: {}  expires in {} s",
         v.operation_id,
         state.as_str().unwrap_or("?"),
+        v.tenant,
         v.language,
+        v.gear,
         if v.capabilities.is_empty() {
             "no capabilities (high risk)".to_string()
         } else {
@@ -286,9 +292,12 @@ fn decide(config: &Config, req: LocalRequest) -> Result<ExitCode> {
     })
 }
 
-fn list_approvals(config: &Config, json: bool) -> Result<ExitCode> {
+fn list_approvals(config: &Config, json: bool, tenant: Option<&str>) -> Result<ExitCode> {
     let dir = config.approvals.socket_dir();
-    let views = ask_local(&dir, &LocalRequest::List).map_err(anyhow::Error::msg)?;
+    let mut views = ask_local(&dir, &LocalRequest::List).map_err(anyhow::Error::msg)?;
+    if let Some(t) = tenant {
+        views.retain(|v| v.tenant == t);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&views)?);
     } else if views.is_empty() {
@@ -338,13 +347,15 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
         Some(given) => {
             let addr =
                 gearbox_server::http::resolve_addr(given, std::env::var("PORT").ok().as_deref())?;
-            let keys = gearbox_server::http::ApiKeys::load(
+            let mut keys = gearbox_server::http::ApiKeys::load(
                 std::env::var(gearbox_server::http::auth::ENV_API_KEYS)
                     .ok()
                     .as_deref(),
                 engine.config().http.api_keys_file.as_deref(),
             )
             .map_err(anyhow::Error::msg)?;
+            keys.set_settings(&engine.config().http.keys)
+                .map_err(anyhow::Error::msg)?;
             opts.transport = "http";
             opts.caller = "anonymous".into();
             let server = {

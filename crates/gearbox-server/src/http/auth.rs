@@ -1,8 +1,10 @@
 //! API keys: named keys from `GEARBOX_API_KEYS` and `[http] api_keys_file`, presented as
 //! `Authorization: Bearer KEY` or `X-API-Key: KEY`, compared in constant time. A request with
-//! a good key carries the key's name as its [`Caller`]; the key itself is never stored past
-//! start-up in clear, logged or audited.
+//! a good key carries a [`Caller`]: the key's name, its tenant, admin and highest gear from
+//! `[http.keys.NAME]`; the key itself is never stored past start-up in clear, logged or
+//! audited.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use axum::body::Body;
@@ -10,9 +12,11 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use gearbox_engine::config::KeyConfig;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::oauth::{TokenError, looks_like_jwt};
 use crate::Caller;
 
 /// The environment variable with `name:key,name2:key2`.
@@ -25,6 +29,8 @@ pub const MIN_KEY_LEN: usize = 16;
 #[derive(Clone, Default)]
 pub struct ApiKeys {
     keys: Vec<(String, [u8; 32])>,
+    /// `[http.keys.NAME]`: tenant, admin, highest gear.
+    settings: BTreeMap<String, KeyConfig>,
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -100,6 +106,35 @@ impl ApiKeys {
         Ok(keys)
     }
 
+    /// Take the per-key settings of `[http.keys]`; an entry naming no key is an error (a
+    /// typo would otherwise leave a key uncapped).
+    pub fn set_settings(&mut self, settings: &BTreeMap<String, KeyConfig>) -> Result<(), String> {
+        if let Some(name) = settings
+            .keys()
+            .find(|n| !self.keys.iter().any(|(k, _)| k == *n))
+        {
+            return Err(format!(
+                "[http.keys.{name}]: no API key is named {name:?} ({ENV_API_KEYS} or [http] \
+                 api_keys_file)"
+            ));
+        }
+        self.settings = settings.clone();
+        Ok(())
+    }
+
+    /// The caller a request with the key `name` is.
+    pub fn caller(&self, name: &str) -> Caller {
+        let mut c = Caller::named(name);
+        if let Some(s) = self.settings.get(name) {
+            if let Some(t) = &s.tenant {
+                c.tenant = t.clone();
+            }
+            c.admin = s.admin;
+            c.max_gear = s.max_gear;
+        }
+        c
+    }
+
     /// The name of the key `presented`, comparing against every key in constant time.
     pub fn check(&self, presented: &[u8]) -> Option<&str> {
         let d = digest(presented);
@@ -124,44 +159,88 @@ fn presented(headers: &HeaderMap) -> Option<&[u8]> {
     headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii())
 }
 
-/// A 401 whose body is a JSON-RPC error, so MCP clients show the message.
-pub fn unauthorized(message: &str) -> Response {
+/// What the daemon accepts: its API keys, and the access tokens of `[http.oauth]`.
+#[derive(Debug, Default)]
+pub struct Auth {
+    pub keys: ApiKeys,
+    pub oauth: Option<super::oauth::OAuth>,
+}
+
+impl Auth {
+    /// No key and no issuer: every request is `anonymous`.
+    pub fn is_open(&self) -> bool {
+        self.keys.is_empty() && self.oauth.is_none()
+    }
+}
+
+/// A refusal whose body is a JSON-RPC error, so MCP clients show the message.
+fn refusal(status: StatusCode, challenge: &str, message: &str) -> Response {
     let body = serde_json::json!({
         "jsonrpc": "2.0",
         "id": null,
         "error": { "code": -32001, "message": message },
     });
-    let mut r = (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"gearbox\""),
-    );
+    let mut r = (status, axum::Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(challenge) {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
     r
 }
 
-/// Middleware: with keys configured, refuse a request without a good key; put the
-/// [`Caller`] in the request's extensions.
+/// A 401 with the challenge of `auth`: where the resource metadata is when OAuth is on.
+pub fn unauthorized(auth: &Auth, error: Option<&TokenError>, message: &str) -> Response {
+    let challenge = match &auth.oauth {
+        Some(o) => o.challenge(error),
+        None => "Bearer realm=\"gearbox\"".to_string(),
+    };
+    refusal(StatusCode::UNAUTHORIZED, &challenge, message)
+}
+
+/// Middleware: unless the daemon is open, refuse a request without a good key or token;
+/// put the [`Caller`] in the request's extensions. A bearer that matches a key is that key;
+/// else, with `[http.oauth]`, one shaped like a JWT is validated as an access token.
 pub async fn require_key(
-    State(keys): State<std::sync::Arc<ApiKeys>>,
+    State(auth): State<std::sync::Arc<Auth>>,
     mut req: Request<Body>,
     next: Next,
 ) -> Response {
-    let caller = if keys.is_empty() {
-        "anonymous".to_string()
+    let caller = if auth.is_open() {
+        Caller::named("anonymous")
     } else {
-        match presented(req.headers()) {
-            None => {
-                return unauthorized(
-                    "unauthorized: no API key; send Authorization: Bearer KEY or X-API-Key: KEY",
-                );
+        let Some(presented) = presented(req.headers()) else {
+            let message = if auth.oauth.is_some() {
+                "unauthorized: no API key or access token; send Authorization: Bearer TOKEN \
+                 (an access token of the configured issuer) or Bearer KEY"
+            } else {
+                "unauthorized: no API key; send Authorization: Bearer KEY or X-API-Key: KEY"
+            };
+            return unauthorized(&auth, None, message);
+        };
+        if let Some(name) = auth.keys.check(presented) {
+            auth.keys.caller(name)
+        } else if let Some(o) = auth.oauth.as_ref().filter(|_| looks_like_jwt(presented)) {
+            let token = String::from_utf8_lossy(presented).into_owned();
+            match o.verify(&token).await {
+                Ok(c) => c,
+                Err(e) => {
+                    return match &e {
+                        TokenError::Invalid(m) => {
+                            unauthorized(&auth, Some(&e), &format!("unauthorized: {m}"))
+                        }
+                        TokenError::Scope(m) => refusal(
+                            StatusCode::FORBIDDEN,
+                            &o.challenge(Some(&e)),
+                            &format!("forbidden: {m}"),
+                        ),
+                    };
+                }
             }
-            Some(k) => match keys.check(k) {
-                Some(name) => name.to_string(),
-                None => return unauthorized("unauthorized: the API key is not valid"),
-            },
+        } else {
+            let e = TokenError::Invalid("not a known API key or access token".into());
+            return unauthorized(&auth, Some(&e), "unauthorized: the API key is not valid");
         }
     };
-    req.extensions_mut().insert(Caller(caller));
+    req.extensions_mut().insert(caller);
     next.run(req).await
 }
 
@@ -190,6 +269,46 @@ mod tests {
         assert!(e.contains("twice"), "{e}");
         let e = k.add_list("nocolon", "env").expect_err("bad");
         assert!(!e.contains("nocolon"), "the entry may be a key: {e}");
+    }
+
+    #[test]
+    fn key_settings_name_tenant_admin_and_cap() {
+        let mut k = ApiKeys::default();
+        k.add_list("ci:0123456789abcdef0123,ops:fedcba9876543210fedc", "env")
+            .expect("parses");
+        let mut s = BTreeMap::new();
+        s.insert(
+            "ci".to_string(),
+            KeyConfig {
+                tenant: Some("team".into()),
+                admin: false,
+                max_gear: Some(gearbox_core::Gear::Restricted),
+            },
+        );
+        s.insert(
+            "ops".to_string(),
+            KeyConfig {
+                admin: true,
+                ..Default::default()
+            },
+        );
+        k.set_settings(&s).expect("both keys exist");
+        let ci = k.caller("ci");
+        assert_eq!((ci.name.as_str(), ci.tenant.as_str()), ("ci", "team"));
+        assert_eq!(
+            ci.ceiling(gearbox_core::Gear::FullTrust),
+            gearbox_core::Gear::Restricted
+        );
+        assert_eq!(
+            ci.ceiling(gearbox_core::Gear::ReadOnly),
+            gearbox_core::Gear::ReadOnly,
+            "a cap never raises the server's gear"
+        );
+        let ops = k.caller("ops");
+        assert!(ops.admin && ops.tenant == "ops" && ops.max_gear.is_none());
+        s.insert("typo".to_string(), KeyConfig::default());
+        let e = k.set_settings(&s).expect_err("unknown key");
+        assert!(e.contains("typo"), "{e}");
     }
 
     #[test]

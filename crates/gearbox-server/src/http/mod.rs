@@ -7,13 +7,16 @@
 //! | `/metrics` | Prometheus text format | yes |
 //! | `/healthz` | alive | no |
 //! | `/readyz` | can execute: a backend works and the audit log is writable | no |
+//! | `/approvals`, `/approvals/{id}` | human approvals ([`approvals`]) | yes |
+//! | `/.well-known/oauth-protected-resource[/mcp]` | Protected Resource Metadata, with `[http.oauth]` ([`oauth`]) | no |
 //!
-//! "key" means: when API keys are configured ([`auth`]). [`app`] builds the whole router so
+//! "key" means: when API keys or `[http.oauth]` are configured ([`auth`]). [`app`] builds the whole router so
 //! tests can drive it without a socket; [`serve`] adds the listener: a connection limit,
 //! header and body timeouts, and graceful shutdown on SIGTERM/SIGINT.
 
 mod approvals;
 pub mod auth;
+pub mod oauth;
 pub mod sse;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -39,7 +42,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::{GearboxServer, TransportName};
-pub use auth::ApiKeys;
+pub use auth::{ApiKeys, Auth};
 
 /// Port used when neither `--http` nor `PORT` gives one.
 pub const DEFAULT_PORT: u16 = 8080;
@@ -95,7 +98,7 @@ pub fn resolve_addr(given: &str, port_env: Option<&str>) -> anyhow::Result<Socke
 #[derive(Clone)]
 pub struct AppState {
     pub server: GearboxServer,
-    pub keys: Arc<ApiKeys>,
+    pub auth: Arc<Auth>,
     pub config: HttpConfig,
     /// Cancelled at shutdown: ends every MCP session.
     pub shutdown: CancellationToken,
@@ -108,9 +111,10 @@ type Probe = (Instant, Result<(), String>);
 
 impl AppState {
     pub fn new(server: GearboxServer, keys: ApiKeys, config: HttpConfig) -> AppState {
+        let oauth = config.oauth.clone().map(oauth::OAuth::new);
         AppState {
             server,
-            keys: Arc::new(keys),
+            auth: Arc::new(Auth { keys, oauth }),
             config,
             shutdown: CancellationToken::new(),
             sse_sessions: Arc::new(sse::Sessions::default()),
@@ -121,6 +125,14 @@ impl AppState {
 
 fn json(status: StatusCode, v: serde_json::Value) -> Response {
     (status, axum::Json(v)).into_response()
+}
+
+/// The Protected Resource Metadata (RFC 9728); 404 without `[http.oauth]`.
+async fn resource_metadata(State(state): State<AppState>) -> Response {
+    match &state.auth.oauth {
+        Some(o) => json(StatusCode::OK, o.metadata()),
+        None => (StatusCode::NOT_FOUND, "not found").into_response(),
+    }
 }
 
 async fn healthz() -> Response {
@@ -210,7 +222,10 @@ async fn metrics(State(state): State<AppState>) -> Response {
 async fn count_http(State(state): State<AppState>, req: Request<Body>, next: Next) -> Response {
     let path = req.uri().path();
     let route = match path {
-        "/mcp" | "/sse" | "/messages" | "/metrics" | "/healthz" | "/readyz" => path.to_string(),
+        "/mcp" | "/sse" | "/messages" | "/metrics" | "/healthz" | "/readyz" | "/approvals" => {
+            path.to_string()
+        }
+        p if p.starts_with(oauth::PRM_PATH) => oauth::PRM_PATH.to_string(),
         _ => "other".to_string(),
     };
     let resp = next.run(req).await;
@@ -381,7 +396,7 @@ pub fn app(state: AppState) -> Router {
     };
     let keyed = |r: Router| {
         r.layer(middleware::from_fn_with_state(
-            state.keys.clone(),
+            state.auth.clone(),
             auth::require_key,
         ))
     };
@@ -410,6 +425,8 @@ pub fn app(state: AppState) -> Router {
     let open = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route(oauth::PRM_PATH, get(resource_metadata))
+        .route(&format!("{}/mcp", oauth::PRM_PATH), get(resource_metadata))
         .with_state(state.clone());
     Router::new()
         .merge(keyed(mcp_routes.merge(sse_routes).merge(metrics_routes)))
@@ -544,8 +561,8 @@ pub async fn run(
     keys: ApiKeys,
     insecure_no_auth: bool,
 ) -> anyhow::Result<()> {
-    check_exposure(addr, &keys, insecure_no_auth)?;
     let config = server.engine().config().http.clone();
+    check_exposure(addr, &keys, config.oauth.is_some(), insecure_no_auth)?;
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
@@ -553,6 +570,7 @@ pub async fn run(
     tracing::info!(
         %local,
         keys = ?keys.names(),
+        oauth_issuer = ?config.oauth.as_ref().map(|o| o.issuer.as_str()),
         tools = ?server.tool_names(),
         audit = ?server.audit().map(|a| a.path().to_path_buf()),
         max_running = server.limiter().max_running(),
@@ -569,9 +587,10 @@ pub async fn run(
 pub fn check_exposure(
     addr: SocketAddr,
     keys: &ApiKeys,
+    oauth: bool,
     insecure_no_auth: bool,
 ) -> anyhow::Result<()> {
-    if addr.ip().is_loopback() || !keys.is_empty() {
+    if addr.ip().is_loopback() || !keys.is_empty() || oauth {
         return Ok(());
     }
     if insecure_no_auth {
@@ -609,13 +628,17 @@ mod tests {
         let none = ApiKeys::default();
         let lo: SocketAddr = "127.0.0.1:1".parse().expect("addr");
         let any: SocketAddr = "0.0.0.0:1".parse().expect("addr");
-        assert!(check_exposure(lo, &none, false).is_ok());
-        let e = check_exposure(any, &none, false).expect_err("refused");
+        assert!(check_exposure(lo, &none, false, false).is_ok());
+        let e = check_exposure(any, &none, false, false).expect_err("refused");
         assert!(e.to_string().contains("--insecure-no-auth"), "{e}");
-        assert!(check_exposure(any, &none, true).is_ok());
+        assert!(check_exposure(any, &none, false, true).is_ok());
         let mut keys = ApiKeys::default();
         keys.add_list("a:0123456789abcdef", "t").expect("key");
-        assert!(check_exposure(any, &keys, false).is_ok());
+        assert!(check_exposure(any, &keys, false, false).is_ok());
+        assert!(
+            check_exposure(any, &none, true, false).is_ok(),
+            "an OAuth issuer is authentication too"
+        );
     }
 
     #[test]

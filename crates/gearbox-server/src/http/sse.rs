@@ -83,7 +83,7 @@ pub async fn open(State(state): State<SseState>, req: Request<Body>) -> Response
     let caller = req
         .extensions()
         .get::<Caller>()
-        .map_or_else(|| "anonymous".to_string(), |c| c.0.clone());
+        .map_or_else(|| "anonymous".to_string(), |c| c.name.clone());
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (to_server, from_client) = mpsc::channel::<ClientJsonRpcMessage>(CHANNEL);
     let (to_client, from_server) = mpsc::channel(CHANNEL);
@@ -163,7 +163,7 @@ pub async fn post(
     let caller = parts
         .extensions
         .get::<Caller>()
-        .map_or("anonymous", |c| c.0.as_str())
+        .map_or("anonymous", |c| c.name.as_str())
         .to_string();
     let mut tx = {
         let sessions = state.sessions.lock();

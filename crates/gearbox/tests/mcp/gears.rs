@@ -674,14 +674,23 @@ async fn cli_run_follows_the_gear() {
     );
 }
 
-/// `POST /approvals/ID` needs an approver key: the agent's own key cannot approve; and
-/// another tenant's key can neither resume the operation nor learn that it exists.
+/// `POST /approvals/ID` needs an approver key of the asking tenant, or an admin key: the
+/// agent's own key cannot approve; an approver of another tenant neither sees nor decides
+/// the operation ("not found"); an admin sees every tenant's; an approver capped below the
+/// run's gear cannot approve it; another tenant's agent can neither resume the operation
+/// nor learn that it exists.
 #[tokio::test]
 async fn http_approvals_need_an_approver_key() {
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     let dir = TempDir::new("http");
-    let config = write_config(&dir, "http_approvers = [\"human\"]\n");
+    let config = write_config(
+        &dir,
+        "http_approvers = [\"human\", \"stranger\", \"junior\"]\n\
+         [http.keys.human]\ntenant = \"agent\"\n\
+         [http.keys.junior]\ntenant = \"agent\"\nmax_gear = \"restricted\"\n\
+         [http.keys.boss]\nadmin = true\n",
+    );
     let port = {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
@@ -693,7 +702,8 @@ async fn http_approvals_need_an_approver_key() {
         .arg(format!("127.0.0.1:{port}"))
         .env(
             "GEARBOX_API_KEYS",
-            "agent:agent-key-123456,human:human-key-654321,other:other-key-777777",
+            "agent:agent-key-123456,human:human-key-654321,other:other-key-777777,\
+             stranger:stranger-key-88888,boss:boss-key-9999999,junior:junior-key-000000",
         )
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -737,6 +747,66 @@ async fn http_approvals_need_an_approver_key() {
         .await
         .expect("post");
     assert_eq!(r.status().as_u16(), 401, "no key");
+    // The operator's CLI (the local socket) lists every tenant's, filtered by --tenant.
+    let cli = |tenant: &str| -> Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
+            .arg("--config")
+            .arg(&config)
+            .args(["approvals", "--json", "--tenant", tenant])
+            .output()
+            .expect("gearbox approvals");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let mine = cli("agent");
+    assert_eq!(mine[0]["operation_id"], json!(id), "{mine}");
+    assert_eq!(mine[0]["tenant"], "agent", "{mine}");
+    assert_eq!(cli("other"), json!([]));
+    // An approver of another tenant: not in its list, "not found" by id, cannot decide.
+    let get =
+        |key: &'static str, path: String| http.get(format!("{base}{path}")).bearer_auth(key).send();
+    let listed: Value = get("stranger-key-88888", "/approvals".into())
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(listed, json!([]), "another tenant's approver sees nothing");
+    let r = get("stranger-key-88888", format!("/approvals/{id}"))
+        .await
+        .expect("show");
+    assert_eq!(r.status().as_u16(), 404);
+    let r = post("stranger-key-88888", json!({"decision": "approve"}))
+        .await
+        .expect("post");
+    assert_eq!(
+        r.status().as_u16(),
+        404,
+        "another tenant's approver cannot decide"
+    );
+    // An admin (not in http_approvers) sees it, with its tenant and gear.
+    let listed: Value = get("boss-key-9999999", "/approvals".into())
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(listed[0]["operation_id"], json!(id), "{listed}");
+    assert_eq!(listed[0]["tenant"], "agent", "{listed}");
+    assert_eq!(listed[0]["gear"], "user_confirmed", "{listed}");
+    let r = get("boss-key-9999999", format!("/approvals/{id}"))
+        .await
+        .expect("show");
+    assert_eq!(r.status().as_u16(), 200);
+    // An approver of the tenant capped at restricted cannot approve a user_confirmed run.
+    let r = post("junior-key-000000", json!({"decision": "approve"}))
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 403, "capped approver");
     let r = post("human-key-654321", json!({"decision": "maybe"}))
         .await
         .expect("post");

@@ -35,6 +35,8 @@ struct Opts<'a> {
     /// `None`: a fresh audit file in the temp dir.
     audit: Option<&'a Path>,
     extra: &'a [&'a str],
+    /// Environment variables of the daemon.
+    env: &'a [(&'a str, &'a str)],
 }
 
 impl Default for Opts<'_> {
@@ -44,6 +46,7 @@ impl Default for Opts<'_> {
             config: "",
             audit: None,
             extra: &[],
+            env: &[],
         }
     }
 }
@@ -72,6 +75,7 @@ impl Daemon {
         if let Some(k) = o.keys {
             cmd.env("GEARBOX_API_KEYS", k);
         }
+        cmd.env_remove("SSL_CERT_FILE").envs(o.env.iter().copied());
         let mut child = cmd.spawn().expect("spawn gearbox serve --http");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
@@ -885,4 +889,544 @@ async fn a_tenants_run_outputs_do_not_exist_for_another() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A key capped at `restricted` (`[http.keys.bob] max_gear`) on a `full_trust` daemon: its
+/// calls run at `restricted` whatever they ask (network refused, the outcome's gear says
+/// so), a live session with packages is refused, and the audit names its tenant; the
+/// uncapped key keeps the server's gear.
+#[tokio::test]
+async fn a_capped_key_never_runs_above_its_cap() {
+    let dir = TempDir::new("capped");
+    let config = format!(
+        "gear = \"full_trust\"\n[sessions]\ndir = {:?}\n[http.keys.bob]\nmax_gear = \"restricted\"\n\
+         tenant = \"ci\"\n",
+        dir.0.join("sessions").display().to_string()
+    );
+    let d = Daemon::start(Opts {
+        config: &config,
+        extra: &["--profile", "sessions"],
+        ..Opts::default()
+    })
+    .await;
+    let alice = d.client(Some(ALICE)).await;
+    let bob = d.client(Some(BOB)).await;
+    let plain = json!({"language": "python", "code": "print('plain')", "gear": "full_trust"});
+    let r = call(&alice, "execute_code", plain.clone()).await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    assert_eq!(
+        structured(&r)["policy"]["gear"],
+        "full_trust",
+        "{}",
+        text(&r)
+    );
+    let r = call(&bob, "execute_code", plain).await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    assert_eq!(
+        structured(&r)["policy"]["gear"],
+        "restricted",
+        "asked full_trust, lowered to the cap: {}",
+        text(&r)
+    );
+    let net = json!({"language": "python", "code": "print('net')", "network": true, "gear": "full_trust"});
+    let r = call(&bob, "execute_code", net.clone()).await;
+    assert_eq!(structured(&r)["status"], "denied", "{}", text(&r));
+    assert!(
+        text(&r).contains("restricted gear denies network"),
+        "{}",
+        text(&r)
+    );
+    assert!(!text(&r).contains("\nnet\n"), "{}", text(&r));
+    let r = call(&alice, "execute_code", net).await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    let r = call(
+        &bob,
+        "exec_open",
+        json!({"stateful": true, "language": "python", "packages": ["six"]}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("restricted gear"), "{}", text(&r));
+    // A live session without packages opens, and its cells run at the cap too.
+    let r = call(
+        &bob,
+        "exec_open",
+        json!({"stateful": true, "language": "python"}),
+    )
+    .await;
+    let live = structured(&r)["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", text(&r)))
+        .to_string();
+    let r = call(
+        &bob,
+        "exec_run",
+        json!({"session_id": live, "language": "python", "code": "1", "network": true, "gear": "full_trust"}),
+    )
+    .await;
+    assert!(
+        text(&r).contains("restricted gear denies network"),
+        "{}",
+        text(&r)
+    );
+    alice.cancel().await.expect("close");
+    bob.cancel().await.expect("close");
+    let lines = d.audit_lines();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        let expected = if l["caller"] == "bob" { "ci" } else { "alice" };
+        assert_eq!(l["tenant"], expected, "{l}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["caller"] == "bob" && l["status"] == "denied" && l["gear"] == "restricted"),
+        "{lines:?}"
+    );
+}
+
+/// A local OAuth issuer on loopback: its metadata (RFC 8414) names its key set, which the
+/// test can rotate; it counts the key set's fetches.
+struct Issuer {
+    url: String,
+    jwks: Arc<Mutex<Vec<Value>>>,
+    fetches: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// An ES256 signing key of the issuer, made in the test with ring.
+struct IssuerKey {
+    kid: String,
+    enc: jsonwebtoken::EncodingKey,
+    jwk: Value,
+}
+
+impl IssuerKey {
+    fn new(kid: &str) -> IssuerKey {
+        use base64::Engine;
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 =
+            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("key");
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .expect("pair");
+        let public = pair.public_key().as_ref();
+        assert_eq!(public.len(), 65, "uncompressed P-256 point");
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        IssuerKey {
+            kid: kid.to_string(),
+            enc: jsonwebtoken::EncodingKey::from_ec_der(pkcs8.as_ref()),
+            jwk: json!({"kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": kid,
+                "x": b64.encode(&public[1..33]), "y": b64.encode(&public[33..])}),
+        }
+    }
+
+    fn mint(&self, claims: Value) -> String {
+        let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        h.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&h, &claims, &self.enc).expect("sign")
+    }
+}
+
+impl Issuer {
+    async fn start(keys: &[&IssuerKey]) -> Issuer {
+        use axum::routing::get;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let jwks = Arc::new(Mutex::new(
+            keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>(),
+        ));
+        let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let meta = json!({"issuer": url, "jwks_uri": format!("{url}/jwks")});
+        let (set, count) = (jwks.clone(), fetches.clone());
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/oauth-authorization-server",
+                get(move || async move { axum::Json(meta) }),
+            )
+            .route(
+                "/jwks",
+                get(move || async move {
+                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let keys = set.lock().expect("lock").clone();
+                    axum::Json(json!({ "keys": keys }))
+                }),
+            );
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Issuer { url, jwks, fetches }
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// `initialize` with `bearer`: the status, the `WWW-Authenticate` header, the body.
+async fn initialize_with(d: &Daemon, bearer: &str) -> (u16, String, String) {
+    let r = mcp_post(&d.url("/mcp"))
+        .bearer_auth(bearer)
+        .json(&initialize_body())
+        .send()
+        .await
+        .expect("initialize");
+    let status = r.status().as_u16();
+    let challenge = r
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().expect("ascii").to_string())
+        .unwrap_or_default();
+    (status, challenge, r.text().await.unwrap_or_default())
+}
+
+/// OAuth 2.1 resource server over Streamable HTTP: tokens minted by a local issuer (its
+/// key set discovered from its metadata); a valid token works through rmcp's client with
+/// the subject as tenant and the gear of its scope; expired, wrong audience, wrong issuer,
+/// unknown key are 401 `invalid_token`; no gearbox scope is 403 `insufficient_scope`; a
+/// rotated key is accepted once the issuer publishes it; the metadata document and the
+/// 401 challenge name each other; API keys keep working beside tokens.
+#[tokio::test]
+async fn oauth_tokens_from_a_local_issuer() {
+    const AUD: &str = "http://gearbox.test/mcp";
+    let k1 = IssuerKey::new("k1");
+    let issuer = Issuer::start(&[&k1]).await;
+    let config = format!(
+        "gear = \"full_trust\"\n[http.oauth]\nissuer = \"{}\"\naudience = \"{AUD}\"\n\
+         jwks_refetch_secs = 0\n[approvals]\nhttp_approvers = [\"agent-7\"]\n",
+        issuer.url
+    );
+    let d = Daemon::start(Opts {
+        config: &config,
+        ..Opts::default()
+    })
+    .await;
+    let prm_url = "http://gearbox.test/.well-known/oauth-protected-resource/mcp";
+    for path in [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ] {
+        let m: Value = http()
+            .get(d.url(path))
+            .send()
+            .await
+            .expect("metadata")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(m["resource"], AUD, "{m}");
+        assert_eq!(m["authorization_servers"], json!([issuer.url]), "{m}");
+        assert!(
+            m["scopes_supported"]
+                .as_array()
+                .is_some_and(|s| s.contains(&json!("gearbox:full_trust"))),
+            "{m}"
+        );
+    }
+    let r = mcp_post(&d.url("/mcp"))
+        .json(&initialize_body())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 401);
+    let challenge = r.headers()["www-authenticate"].to_str().expect("ascii");
+    assert_eq!(
+        challenge,
+        format!("Bearer resource_metadata=\"{prm_url}\""),
+        "no token: no error"
+    );
+
+    let now = now_secs();
+    let claims = |over: Value| {
+        let mut c = json!({"iss": issuer.url, "aud": AUD, "sub": "agent-7",
+            "scope": "openid gearbox:restricted", "iat": now, "exp": now + 600});
+        for (k, v) in over.as_object().expect("object") {
+            c[k] = v.clone();
+        }
+        c
+    };
+    // A valid token: works through rmcp's client, the tenant is the subject, the gear is
+    // its scope's (below the server's full_trust).
+    let token = k1.mint(claims(json!({})));
+    let client = d.client(Some(&token)).await;
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"language": "python", "code": "print('token ok')", "gear": "full_trust"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "token ok\n");
+    assert_eq!(
+        structured(&r)["policy"]["gear"],
+        "restricted",
+        "{}",
+        text(&r)
+    );
+    client.cancel().await.expect("close");
+    let fetched = issuer.fetches();
+    assert_eq!(fetched, 1, "the key set is fetched once and cached");
+
+    for (what, bad, needle) in [
+        (
+            "expired",
+            k1.mint(claims(json!({"exp": now - 3600, "iat": now - 7200}))),
+            "expired",
+        ),
+        (
+            "wrong audience",
+            k1.mint(claims(json!({"aud": "http://elsewhere.test/mcp"}))),
+            "aud",
+        ),
+        (
+            "wrong issuer",
+            k1.mint(claims(json!({"iss": "http://impostor.test"}))),
+            "iss",
+        ),
+        (
+            "unknown key",
+            IssuerKey::new("rogue").mint(claims(json!({}))),
+            "not in the issuer's key set",
+        ),
+        (
+            "not yet valid",
+            k1.mint(claims(json!({"nbf": now + 3600}))),
+            "nbf",
+        ),
+    ] {
+        let (status, challenge, body) = initialize_with(&d, &bad).await;
+        assert_eq!(status, 401, "{what}: {body}");
+        assert!(
+            challenge.starts_with(&format!("Bearer resource_metadata=\"{prm_url}\""))
+                && challenge.contains("error=\"invalid_token\""),
+            "{what}: {challenge}"
+        );
+        assert!(body.contains(needle), "{what}: {body}");
+    }
+    let (status, challenge, body) =
+        initialize_with(&d, &k1.mint(claims(json!({"scope": "openid profile"})))).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        challenge.contains("error=\"insufficient_scope\""),
+        "{challenge}"
+    );
+    assert!(body.contains("gearbox:"), "{body}");
+
+    // Rotation: the issuer publishes k2 after the server cached the set with k1 only.
+    let k2 = IssuerKey::new("k2");
+    issuer.jwks.lock().expect("lock").push(k2.jwk.clone());
+    let rotated = k2.mint(claims(
+        json!({"sub": "agent-8", "scope": "gearbox:full_trust"}),
+    ));
+    let (status, _, body) = initialize_with(&d, &rotated).await;
+    assert_eq!(
+        status, 200,
+        "the rotated key is fetched and accepted: {body}"
+    );
+    assert!(
+        issuer.fetches() > fetched,
+        "an unknown kid fetched the set again"
+    );
+    let client = d.client(Some(&rotated)).await;
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"language": "python", "code": "print(2)"}),
+    )
+    .await;
+    assert_eq!(
+        structured(&r)["policy"]["gear"],
+        "full_trust",
+        "{}",
+        text(&r)
+    );
+    client.cancel().await.expect("close");
+
+    // `http_approvers` names keys, not token subjects; the admin scope makes an admin.
+    let r = http()
+        .get(d.url("/approvals"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("approvals");
+    assert_eq!(
+        r.status().as_u16(),
+        403,
+        "a subject named like an approver key"
+    );
+    let admin = k1.mint(claims(
+        json!({"sub": "ops", "scope": "gearbox:read_only gearbox:admin"}),
+    ));
+    let r = http()
+        .get(d.url("/approvals"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .expect("approvals");
+    assert_eq!(r.status().as_u16(), 200, "the admin scope");
+    assert!(r.json::<Value>().await.expect("json").is_array());
+
+    // API keys keep working beside tokens.
+    let (status, _, body) = initialize_with(&d, ALICE).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, challenge, _) = initialize_with(&d, "not-a-key-and-not-a-token").await;
+    assert_eq!(status, 401);
+    assert!(challenge.contains("resource_metadata="), "{challenge}");
+
+    let lines = d.audit_lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["tenant"] == "agent-7" && l["status"] == "ok" && l["gear"] == "restricted"),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l["tenant"] == "agent-8"), "{lines:?}");
+    let all = std::fs::read_to_string(&d.audit).expect("audit");
+    assert!(!all.contains(&token), "a token is never audited");
+}
+
+/// The local issuer over https: a CA made in the test signs a certificate for 127.0.0.1;
+/// a minimal HTTP/1.1 responder serves the metadata and the key set over rustls. Returns
+/// the issuer and the CA's PEM file.
+async fn tls_issuer(keys: &[&IssuerKey], dir: &Path) -> (Issuer, PathBuf) {
+    use tokio_rustls::rustls;
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "gearbox test issuer CA");
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let ca_cert = ca.self_signed(&ca_key).expect("ca cert");
+    let ca_file = dir.join("issuer-ca.pem");
+    std::fs::write(&ca_file, ca_cert.pem()).expect("write ca");
+    let ca = rcgen::Issuer::new(ca, ca_key);
+    let mut leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("leaf");
+    leaf.use_authority_key_identifier_extension = true;
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_key = rcgen::KeyPair::generate().expect("leaf key");
+    let leaf_cert = leaf.signed_by(&leaf_key, &ca).expect("leaf cert");
+    #[allow(deprecated, reason = "ring, as the daemon uses")]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf_cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("https://{}", listener.local_addr().expect("addr"));
+    let jwks = Arc::new(Mutex::new(
+        keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>(),
+    ));
+    let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let meta = json!({"issuer": url, "jwks_uri": format!("{url}/jwks")});
+    let (set, count) = (jwks.clone(), fetches.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, set, count, meta) =
+                (acceptor.clone(), set.clone(), count.clone(), meta.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head);
+                let path = head.split_whitespace().nth(1).unwrap_or("");
+                let (status, body) = match path {
+                    "/.well-known/oauth-authorization-server" => ("200 OK", meta.to_string()),
+                    "/jwks" => {
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let keys = set.lock().expect("lock").clone();
+                        ("200 OK", json!({ "keys": keys }).to_string())
+                    }
+                    _ => ("404 Not Found", "{}".to_string()),
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (Issuer { url, jwks, fetches }, ca_file)
+}
+
+/// An https issuer: its metadata and key set are fetched over TLS, verified against the
+/// roots of `SSL_CERT_FILE` (here the test's CA): a token is accepted; a daemon that does
+/// not trust that CA never gets the keys and refuses the token.
+#[tokio::test]
+async fn oauth_keys_are_fetched_over_verified_tls() {
+    const AUD: &str = "http://gearbox.test/mcp";
+    let dir = TempDir::new("tls-issuer");
+    let k1 = IssuerKey::new("k1");
+    let (issuer, ca_file) = tls_issuer(&[&k1], &dir.0).await;
+    let config = format!(
+        "[http.oauth]\nissuer = \"{}\"\naudience = \"{AUD}\"\n",
+        issuer.url
+    );
+    let now = now_secs();
+    let token = k1.mint(json!({"iss": issuer.url, "aud": AUD, "sub": "tls-agent",
+        "scope": "gearbox:restricted", "exp": now + 600}));
+    let ca = ca_file.display().to_string();
+    let trusting = Daemon::start(Opts {
+        config: &config,
+        env: &[("SSL_CERT_FILE", &ca)],
+        ..Opts::default()
+    })
+    .await;
+    let (status, _, body) = initialize_with(&trusting, &token).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(issuer.fetches(), 1);
+    // Another CA, not the one that signed the issuer's certificate.
+    let mut stranger = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    stranger.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let stranger = stranger
+        .self_signed(&rcgen::KeyPair::generate().expect("key"))
+        .expect("cert");
+    let stranger_file = dir.0.join("stranger-ca.pem");
+    std::fs::write(&stranger_file, stranger.pem()).expect("write");
+    let other = stranger_file.display().to_string();
+    let distrusting = Daemon::start(Opts {
+        config: &config,
+        env: &[("SSL_CERT_FILE", &other)],
+        ..Opts::default()
+    })
+    .await;
+    let (status, challenge, body) = initialize_with(&distrusting, &token).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(challenge.contains("invalid_token"), "{challenge}");
+    assert!(body.contains("could not be fetched"), "{body}");
+    assert!(body.contains("TLS"), "the handshake failed: {body}");
+    assert_eq!(
+        issuer.fetches(),
+        1,
+        "the untrusted daemon never got the key set"
+    );
 }
