@@ -125,7 +125,7 @@ impl Metrics {
         );
         registry.register(
             "mcp_execution_errors",
-            "Calls that did not end ok, by reason (busy, audit, cancelled, denied, timeout, \
+            "Calls that did not end ok, by reason (busy, quota, audit, cancelled, denied, timeout, \
              killed, sandbox, program)",
             errors.clone(),
         );
@@ -432,6 +432,49 @@ mod tests {
             assert!(text.contains(line), "{line}\n{text}");
         }
         assert!(!text.contains("pypi.org"), "{text}");
+    }
+
+    #[test]
+    fn tenant_labels_are_bounded() {
+        let m = Metrics::with_tenants(["ci"]);
+        for i in 0..MAX_TENANT_LABELS + 5 {
+            m.tenant_run(&format!("t{i}"));
+        }
+        m.tenant_run("ci");
+        m.tenant_refusal("ci", "runs_per_minute");
+        m.tenant_cpu("t0", 1.5);
+        let text = m.encode(&Limiter::new(1, 1), &[]);
+        for needle in [
+            "gearbox_tenant_runs_total{tenant=\"ci\"} 1",
+            "gearbox_tenant_runs_total{tenant=\"t0\"} 1",
+            "gearbox_tenant_runs_total{tenant=\"_other\"} 5",
+            "gearbox_tenant_refusals_total{tenant=\"ci\",quota=\"runs_per_minute\"} 1",
+            "gearbox_tenant_cpu_seconds_total{tenant=\"t0\"} 1.5",
+        ] {
+            assert!(text.contains(needle), "{needle} missing in\n{text}");
+        }
+        let labels = text
+            .lines()
+            .filter(|l| l.starts_with("gearbox_tenant_runs_total{"))
+            .count();
+        assert_eq!(labels, MAX_TENANT_LABELS + 2, "{text}");
+    }
+
+    #[tokio::test]
+    async fn tenant_gauges_follow_the_limiter() {
+        let m = Metrics::new();
+        let l = Limiter::new(2, 4);
+        let none = crate::limiter::TenantLimits::default();
+        let _a = l.acquire("alice", none).await.expect("slot");
+        let text = m.encode(&l, &[]);
+        assert!(
+            text.contains("gearbox_tenant_running{tenant=\"alice\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gearbox_tenant_queued{tenant=\"alice\"} 0"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -102,6 +102,18 @@ impl Quotas {
         self.rates_at(tenant, Instant::now(), true)
     }
 
+    /// Take back the admission of a run of `tenant` that was refused a slot after all (its
+    /// queue was full): it does not count against `runs_per_minute`.
+    pub fn unadmit(&self, tenant: &str) {
+        let mut all = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(u) = all.get_mut(tenant) {
+            u.starts.pop_back();
+            if u.is_empty() {
+                all.remove(tenant);
+            }
+        }
+    }
+
     /// Charge a finished run's CPU time (the supervisor's measure) to `tenant`.
     pub fn charge_cpu(&self, tenant: &str, cpu_ms: u64) {
         self.charge_at(tenant, cpu_ms, Instant::now());
@@ -243,6 +255,10 @@ mod tests {
             text.contains("runs_per_minute") && text.contains("2 of 2") && text.contains("40 s"),
             "{text}"
         );
+        // A run admitted then refused a slot is taken back.
+        q.unadmit("a");
+        q.rates_at("a", t0 + Duration::from_secs(20), true)
+            .expect("2nd again");
         // Another tenant has its own window; a refused run was not counted.
         q.rates_at("b", t0 + Duration::from_secs(20), true)
             .expect("b");

@@ -405,6 +405,7 @@ impl GearboxServer {
                 } else {
                     "busy"
                 };
+                self.inner.quotas.unadmit(tenant);
                 self.quota_refused(tenant, &refusal);
                 self.refused(info, Some(&req), &o, why, why).await;
                 return Some((o, None));
