@@ -30,7 +30,7 @@ pub enum Refusal {
         tenant: String,
         quota: &'static str,
         limit: u64,
-        /// What the tenant uses now, in the quota's unit.
+        /// What the tenant uses now, in the quota's unit (bytes for `session_storage_mb`).
         used: u64,
         retry_after_s: u64,
     },
@@ -90,8 +90,8 @@ impl std::fmt::Display for Refusal {
                 ..
             } => write!(
                 f,
-                "quota exceeded: tenant {tenant:?} would hold {used} MiB of {limit} MiB of \
-                 session files ([quotas] session_storage_mb); space frees when the tenant \
+                "quota exceeded: tenant {tenant:?} would hold {used} bytes of its {limit} MiB \
+                 of session files ([quotas] session_storage_mb); space frees when the tenant \
                  closes sessions (exec_close) or they expire"
             ),
             Refusal::Quota {

@@ -218,7 +218,7 @@ impl Quotas {
                 tenant: tenant.to_string(),
                 quota: "session_storage_mb",
                 limit: mb,
-                used: total.div_ceil(1 << 20),
+                used: total,
                 retry_after_s: 0,
             });
         }
@@ -330,7 +330,7 @@ mod tests {
         q.storage("a", 1 << 19, 1 << 19).expect("exactly 1 MiB");
         let e = q.storage("a", 1 << 19, (1 << 19) + 1).expect_err("over");
         assert_eq!(e.quota(), Some("session_storage_mb"));
-        assert!(e.to_string().contains("2 MiB of 1 MiB"), "{e}");
+        assert!(e.to_string().contains("1048577 bytes of its 1 MiB"), "{e}");
         q.storage("a", 1 << 20, 0)
             .expect_err("full: no new session");
         assert_eq!(q.named().collect::<Vec<_>>(), ["big"]);

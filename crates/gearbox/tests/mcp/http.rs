@@ -1073,3 +1073,70 @@ async fn a_tenant_over_its_quota_is_refused_and_the_quota_resets() {
         assert!(m.contains(needle), "{needle} in\n{m}");
     }
 }
+
+/// `session_storage_mb` over HTTP: a run whose files would take the tenant past it runs but
+/// keeps nothing; up to it the files are kept; at it no session opens (a tool error naming
+/// the quota) for that tenant, while another opens as before; closing frees the space.
+#[tokio::test]
+async fn a_tenants_session_storage_is_bounded() {
+    let dir = TempDir::new("storage");
+    let config = format!(
+        "gear = \"full_trust\"\n[sessions]\ndir = {:?}\n[quotas.tenants.alice]\nsession_storage_mb = 1\n",
+        dir.0.join("sessions").display().to_string()
+    );
+    let d = Daemon::start(Opts {
+        config: &config,
+        extra: &["--profile", "sessions"],
+        ..Opts::default()
+    })
+    .await;
+    let alice = d.client(Some(ALICE)).await;
+    let bob = d.client(Some(BOB)).await;
+    let r = call(&alice, "exec_open", json!({})).await;
+    let id = structured(&r)["session_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    // f.bin makes the workspace's files, the program's included, `n` bytes in all.
+    let write = |n: usize| {
+        json!({"session_id": id, "language": "python",
+            "code": format!("import os\nother = sum(os.path.getsize(os.path.join(d, f)) \
+                for d, _, fs in os.walk('.') for f in fs if f != 'f.bin')\n\
+                open('f.bin', 'wb').write(b'x' * ({n} - other))\n")})
+    };
+    let r = call(&alice, "exec_run", write((1 << 20) + 1)).await;
+    let all = serde_json::to_string(&r).expect("json");
+    assert!(
+        all.contains("workspace not saved")
+            && all.contains("session_storage_mb")
+            && all.contains("1048577 bytes of its 1 MiB"),
+        "{all}"
+    );
+    let r = call(&alice, "exec_run", write(1 << 20)).await;
+    assert_eq!(
+        structured(&r)["workspace_saved"],
+        json!(true),
+        "{}",
+        text(&r)
+    );
+    let r = call(&alice, "exec_open", json!({})).await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(
+        text(&r).contains("session_storage_mb") && text(&r).contains("1048576 bytes of its 1 MiB"),
+        "{}",
+        text(&r)
+    );
+    let r = call(&bob, "exec_open", json!({})).await;
+    assert_ne!(r.is_error, Some(true), "bob's own: {}", text(&r));
+    let r = call(&alice, "exec_close", json!({"session_id": id})).await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let r = call(&alice, "exec_open", json!({})).await;
+    assert_ne!(r.is_error, Some(true), "space freed: {}", text(&r));
+    let m = d.metrics().await;
+    assert!(
+        m.contains(
+            "gearbox_tenant_refusals_total{tenant=\"alice\",quota=\"session_storage_mb\"} 1"
+        ),
+        "{m}"
+    );
+}
