@@ -47,6 +47,10 @@ pub struct Config {
     pub profiles: Vec<ToolProfile>,
     /// How many runs may execute at once and how many may wait (every transport).
     pub concurrency: ConcurrencyConfig,
+    /// `[quotas]`: what one tenant (an API key's name; `local` on stdio, `anonymous` over
+    /// HTTP without keys) may use, by default and per tenant (`[quotas.tenants.NAME]`).
+    /// Every quota is off (0) by default. See docs/HTTP.md.
+    pub quotas: QuotasConfig,
     /// `gearbox serve --http`: keys, host and origin checks, connection limits.
     pub http: HttpConfig,
     /// The audit log: one JSON line per execution.
@@ -245,6 +249,110 @@ impl ConcurrencyConfig {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 }
+
+/// `[quotas]`: per-tenant budgets. The top-level keys are every tenant's; a table
+/// `[quotas.tenants.NAME]` overrides some of them for the tenant `NAME`. 0 means unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotasConfig {
+    /// Runs of one tenant executing at once (count); its further calls wait in its queue.
+    /// Default 0 (unlimited: only `[concurrency] max_running` bounds them).
+    pub max_running: u64,
+    /// Calls of one tenant waiting for a run slot (count); past it the call is refused
+    /// (HTTP 429). Default 0 (unlimited: only `[concurrency] max_queued` bounds them).
+    pub max_queued: u64,
+    /// Runs one tenant may start in any 60 s (count, calls admitted to run). Default 0.
+    pub runs_per_minute: u64,
+    /// CPU seconds one tenant's runs may use in any hour (as the supervisor measured them,
+    /// `usage.cpu_time_ms`; a run is charged when it ends). Default 0.
+    pub cpu_seconds_per_hour: u64,
+    /// Live sessions (`exec_open` with `stateful: true`) one tenant may hold open at once
+    /// (count). Default 0 (only `[sessions] live_max` bounds them).
+    pub live_sessions: u64,
+    /// Bytes of all of one tenant's session files together, in MiB. Past it no session
+    /// opens and a run's workspace is not saved. Default 0.
+    pub session_storage_mb: u64,
+    /// Overrides by tenant name: `[quotas.tenants.ci] runs_per_minute = 10`.
+    pub tenants: BTreeMap<String, TenantQuotas>,
+}
+
+/// `[quotas.tenants.NAME]`: a key left out takes the `[quotas]` value; 0 is unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantQuotas {
+    pub max_running: Option<u64>,
+    pub max_queued: Option<u64>,
+    pub runs_per_minute: Option<u64>,
+    pub cpu_seconds_per_hour: Option<u64>,
+    pub live_sessions: Option<u64>,
+    pub session_storage_mb: Option<u64>,
+}
+
+/// The quotas in force for one tenant; 0 is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    pub max_running: u64,
+    pub max_queued: u64,
+    pub runs_per_minute: u64,
+    pub cpu_seconds_per_hour: u64,
+    pub live_sessions: u64,
+    pub session_storage_mb: u64,
+}
+
+impl QuotasConfig {
+    /// The quotas of `tenant`: its overrides over the defaults.
+    pub fn for_tenant(&self, tenant: &str) -> Quota {
+        let o = self.tenants.get(tenant).cloned().unwrap_or_default();
+        Quota {
+            max_running: o.max_running.unwrap_or(self.max_running),
+            max_queued: o.max_queued.unwrap_or(self.max_queued),
+            runs_per_minute: o.runs_per_minute.unwrap_or(self.runs_per_minute),
+            cpu_seconds_per_hour: o.cpu_seconds_per_hour.unwrap_or(self.cpu_seconds_per_hour),
+            live_sessions: o.live_sessions.unwrap_or(self.live_sessions),
+            session_storage_mb: o.session_storage_mb.unwrap_or(self.session_storage_mb),
+        }
+    }
+
+    /// Tenant names are API key names (letters, digits, `-_.@`) or `local`/`anonymous`;
+    /// sizes must fit in bytes.
+    pub fn validate(&self) -> Result<(), String> {
+        let too_big = |what: &str, mb: u64| {
+            if mb > u64::MAX >> 20 {
+                Err(format!(
+                    "{what}: {mb} MiB is more than can be counted in bytes"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        too_big("quotas.session_storage_mb", self.session_storage_mb)?;
+        for (name, t) in &self.tenants {
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
+            {
+                return Err(format!(
+                    "quotas.tenants.{name:?}: a tenant name is an API key's name (letters, \
+                     digits, - _ . @), `local` or `anonymous`"
+                ));
+            }
+            if name == QUOTA_OTHER_TENANTS {
+                return Err(format!(
+                    "quotas.tenants.{name}: reserved for the metrics of unnamed tenants"
+                ));
+            }
+            too_big(
+                &format!("quotas.tenants.{name}.session_storage_mb"),
+                t.session_storage_mb.unwrap_or(0),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The `tenant` label of the tenants `/metrics` does not name (see docs/HTTP.md).
+pub const QUOTA_OTHER_TENANTS: &str = "_other";
 
 /// The HTTP transports of `gearbox serve --http`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -520,6 +628,7 @@ impl Default for Config {
             broker: gearbox_broker::BrokerConfig::default(),
             profiles: vec![ToolProfile::Default],
             concurrency: ConcurrencyConfig::default(),
+            quotas: QuotasConfig::default(),
             http: HttpConfig::default(),
             audit: AuditConfig::default(),
             pool: PoolConfig::default(),
@@ -624,6 +733,7 @@ impl Config {
             .and_then(|()| config.network.validate())
             .and_then(|()| config.http.validate())
             .and_then(|()| gearbox_egress::check_secrets(&config.secrets))
+            .and_then(|()| config.quotas.validate())
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,
@@ -707,6 +817,35 @@ mod tests {
         let e = parse("[http.oauth]\nissuer = \"id.example\"\naudience = \"x\"\n")
             .expect_err("not a URL");
         assert!(e.to_string().contains("issuer"), "{e}");
+    }
+
+    #[test]
+    fn quotas_take_tenant_overrides_over_defaults() {
+        let c = Config::from_toml(
+            Path::new("x.toml"),
+            "[quotas]\nruns_per_minute = 60\nmax_running = 2\n\
+             [quotas.tenants.ci]\nruns_per_minute = 5\nmax_running = 0\n",
+        )
+        .expect("parses");
+        let ci = c.quotas.for_tenant("ci");
+        assert_eq!((ci.runs_per_minute, ci.max_running), (5, 0));
+        let other = c.quotas.for_tenant("alice");
+        assert_eq!((other.runs_per_minute, other.max_running), (60, 2));
+        assert_eq!(other.cpu_seconds_per_hour, 0);
+        assert_eq!(Config::default().quotas.for_tenant("x"), Quota::default());
+        for (text, needle) in [
+            ("[quotas.tenants.\"a b\"]\nmax_running = 1\n", "tenant name"),
+            ("[quotas.tenants._other]\nmax_running = 1\n", "reserved"),
+            (
+                "[quotas]\nsession_storage_mb = 18446744073709551615\n",
+                "bytes",
+            ),
+            ("[quotas.tenants.ci]\nrpm = 1\n", "rpm"),
+            ("[quotas]\nmax_running = -1\n", "max_running"),
+        ] {
+            let e = Config::from_toml(Path::new("x.toml"), text).expect_err(text);
+            assert!(e.to_string().contains(needle), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod http;
 pub mod limiter;
 pub mod metrics;
 mod plan;
+mod quotas;
 mod resources;
 mod runs;
 mod server;

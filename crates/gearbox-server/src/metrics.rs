@@ -2,6 +2,10 @@
 //!
 //! Executions are counted by [`crate::GearboxServer`] whatever the transport; the HTTP layer
 //! only exposes them, plus its own request counter.
+//!
+//! Per-tenant series (`gearbox_tenant_*`) carry a `tenant` label whose values are bounded:
+//! the tenants named in `[quotas.tenants]`, then the first [`MAX_TENANT_LABELS`] other
+//! tenants seen by this process; any further tenant is counted under `_other`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -10,7 +14,27 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use gearbox_engine::config::QUOTA_OTHER_TENANTS;
+
 use crate::limiter::Limiter;
+
+/// Tenants, beyond those `[quotas.tenants]` names, that get a label of their own.
+pub const MAX_TENANT_LABELS: usize = 32;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantQuotaLabels {
+    tenant: String,
+    quota: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -49,6 +73,13 @@ pub struct Metrics {
     max_running: Gauge,
     http: Family<HttpLabels, Counter>,
     egress: Family<EgressLabels, Counter>,
+    tenant_runs: Family<TenantLabels, Counter>,
+    tenant_cpu: Family<TenantLabels, Counter<f64, AtomicU64>>,
+    tenant_refusals: Family<TenantQuotaLabels, Counter>,
+    /// Tenants named in `[quotas.tenants]`.
+    named: HashSet<String>,
+    /// Other tenants given a label, at most [`MAX_TENANT_LABELS`].
+    seen: Mutex<HashSet<String>>,
 }
 
 impl Default for Metrics {
@@ -59,6 +90,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        Self::with_tenants(std::iter::empty::<&str>())
+    }
+
+    /// Metrics whose tenant labels always include `named` (the `[quotas.tenants]`).
+    pub fn with_tenants<'a>(named: impl IntoIterator<Item = &'a str>) -> Metrics {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         let errors = Family::<ReasonLabels, Counter>::default();
@@ -89,7 +125,7 @@ impl Metrics {
         );
         registry.register(
             "mcp_execution_errors",
-            "Calls that did not end ok, by reason (busy, audit, cancelled, denied, timeout, \
+            "Calls that did not end ok, by reason (busy, quota, audit, cancelled, denied, timeout, \
              killed, sandbox, program)",
             errors.clone(),
         );
@@ -113,6 +149,24 @@ impl Metrics {
             "Runs that may execute at once",
             max_running.clone(),
         );
+        let tenant_runs = Family::<TenantLabels, Counter>::default();
+        let tenant_cpu = Family::<TenantLabels, Counter<f64, AtomicU64>>::default();
+        let tenant_refusals = Family::<TenantQuotaLabels, Counter>::default();
+        registry.register(
+            "gearbox_tenant_runs",
+            "Runs that got a slot, by tenant",
+            tenant_runs.clone(),
+        );
+        registry.register(
+            "gearbox_tenant_cpu_seconds",
+            "CPU seconds of finished runs (the supervisor's measure), by tenant",
+            tenant_cpu.clone(),
+        );
+        registry.register(
+            "gearbox_tenant_refusals",
+            "Calls refused by a tenant quota, by tenant and quota",
+            tenant_refusals.clone(),
+        );
         registry.register(
             "gearbox_http_requests",
             "HTTP requests answered, by route and status code",
@@ -129,7 +183,87 @@ impl Metrics {
             max_running,
             http,
             egress,
+            tenant_runs,
+            tenant_cpu,
+            tenant_refusals,
+            named: named.into_iter().map(str::to_string).collect(),
+            seen: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The `tenant` label of `tenant` (bounded: see the module's documentation).
+    pub fn tenant_label(&self, tenant: &str) -> String {
+        if self.named.contains(tenant) {
+            return tenant.to_string();
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains(tenant) {
+            return tenant.to_string();
+        }
+        if seen.len() < MAX_TENANT_LABELS && tenant != QUOTA_OTHER_TENANTS {
+            seen.insert(tenant.to_string());
+            return tenant.to_string();
+        }
+        QUOTA_OTHER_TENANTS.to_string()
+    }
+
+    /// A run of `tenant` got its slot.
+    pub fn tenant_run(&self, tenant: &str) {
+        self.tenant_runs
+            .get_or_create(&TenantLabels {
+                tenant: self.tenant_label(tenant),
+            })
+            .inc();
+    }
+
+    /// A run of `tenant` ended having used `seconds` of CPU.
+    pub fn tenant_cpu(&self, tenant: &str, seconds: f64) {
+        self.tenant_cpu
+            .get_or_create(&TenantLabels {
+                tenant: self.tenant_label(tenant),
+            })
+            .inc_by(seconds);
+    }
+
+    /// A call of `tenant` was refused by its `quota`.
+    pub fn tenant_refusal(&self, tenant: &str, quota: &str) {
+        self.tenant_refusals
+            .get_or_create(&TenantQuotaLabels {
+                tenant: self.tenant_label(tenant),
+                quota: quota.to_string(),
+            })
+            .inc();
+    }
+
+    /// `gearbox_tenant_running` and `gearbox_tenant_queued` from the limiter now (tenants
+    /// with nothing running or waiting are left out).
+    fn encode_tenants(&self, limiter: &Limiter) -> String {
+        let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for t in limiter.tenants() {
+            let e = by.entry(self.tenant_label(&t.tenant)).or_default();
+            e.0 += t.running;
+            e.1 += t.queued;
+        }
+        let mut out = String::new();
+        for (name, help, pick) in [
+            (
+                "gearbox_tenant_running",
+                "Runs executing now, by tenant.",
+                0,
+            ),
+            (
+                "gearbox_tenant_queued",
+                "Calls waiting for a run slot now, by tenant.",
+                1,
+            ),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+            for (tenant, (running, queued)) in &by {
+                let v = if pick == 0 { running } else { queued };
+                out.push_str(&format!("{name}{{tenant=\"{tenant}\"}} {v}\n"));
+            }
+        }
+        out
     }
 
     /// What a granted run's proxy let through and refused.
@@ -198,6 +332,7 @@ impl Metrics {
             tracing::warn!(error = %e, "encoding metrics");
         }
         out.push_str(&encode_pool(pool));
+        out.push_str(&self.encode_tenants(limiter));
         out
     }
 }
@@ -297,6 +432,49 @@ mod tests {
             assert!(text.contains(line), "{line}\n{text}");
         }
         assert!(!text.contains("pypi.org"), "{text}");
+    }
+
+    #[test]
+    fn tenant_labels_are_bounded() {
+        let m = Metrics::with_tenants(["ci"]);
+        for i in 0..MAX_TENANT_LABELS + 5 {
+            m.tenant_run(&format!("t{i}"));
+        }
+        m.tenant_run("ci");
+        m.tenant_refusal("ci", "runs_per_minute");
+        m.tenant_cpu("t0", 1.5);
+        let text = m.encode(&Limiter::new(1, 1), &[]);
+        for needle in [
+            "gearbox_tenant_runs_total{tenant=\"ci\"} 1",
+            "gearbox_tenant_runs_total{tenant=\"t0\"} 1",
+            "gearbox_tenant_runs_total{tenant=\"_other\"} 5",
+            "gearbox_tenant_refusals_total{tenant=\"ci\",quota=\"runs_per_minute\"} 1",
+            "gearbox_tenant_cpu_seconds_total{tenant=\"t0\"} 1.5",
+        ] {
+            assert!(text.contains(needle), "{needle} missing in\n{text}");
+        }
+        let labels = text
+            .lines()
+            .filter(|l| l.starts_with("gearbox_tenant_runs_total{"))
+            .count();
+        assert_eq!(labels, MAX_TENANT_LABELS + 2, "{text}");
+    }
+
+    #[tokio::test]
+    async fn tenant_gauges_follow_the_limiter() {
+        let m = Metrics::new();
+        let l = Limiter::new(2, 4);
+        let none = crate::limiter::TenantLimits::default();
+        let _a = l.acquire("alice", none).await.expect("slot");
+        let text = m.encode(&l, &[]);
+        assert!(
+            text.contains("gearbox_tenant_running{tenant=\"alice\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gearbox_tenant_queued{tenant=\"alice\"} 0"),
+            "{text}"
+        );
     }
 
     #[test]

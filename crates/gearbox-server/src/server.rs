@@ -24,9 +24,10 @@ use crate::approvals::Approvals;
 use crate::args::parse;
 use crate::audit::{self, AuditLog, CallInfo, Record, fill_outcome, fill_policy, fill_request};
 use crate::gate::{CallPolicy, Gate, Gatekeeper};
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Refusal};
 use crate::metrics::Metrics;
 use crate::plan::RunPlan;
+use crate::quotas::Quotas;
 use crate::resources;
 use crate::sessions::{RunReport, SessionRun};
 use crate::tools::{self, Prepared, ToolKind};
@@ -53,6 +54,8 @@ struct Inner {
     /// `Engine::languages(true)`, computed on first read of the environment.
     languages: OnceCell<Value>,
     limiter: Arc<Limiter>,
+    /// The quotas of each tenant and their recent usage.
+    quotas: Arc<Quotas>,
     metrics: Arc<Metrics>,
     audit: Option<Arc<AuditLog>>,
     /// The downstream servers of `[[targets]]` (code mode), or why they are unusable.
@@ -102,7 +105,8 @@ impl GearboxServer {
         let c = &engine.config().concurrency;
         let limiter = Arc::new(Limiter::new(c.running(), c.max_queued));
         let broker = crate::broker::from_config(engine.config());
-        let metrics = Arc::new(Metrics::new());
+        let quotas = Arc::new(Quotas::new(engine.config().quotas.clone()));
+        let metrics = Arc::new(Metrics::with_tenants(quotas.named()));
         let gatekeeper = Gatekeeper::new(
             engine.clone(),
             opts.gear.unwrap_or(engine.config().gear),
@@ -118,6 +122,7 @@ impl GearboxServer {
                 progress_interval: opts.progress_interval.max(Duration::from_millis(50)),
                 languages: OnceCell::new(),
                 limiter,
+                quotas,
                 metrics,
                 audit: opts.audit,
                 broker,
@@ -145,6 +150,34 @@ impl GearboxServer {
     /// The run budget every call of every transport shares.
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.inner.limiter
+    }
+
+    /// What a run of `tenant` asked for now would get, without taking anything: `Some`
+    /// when it would be refused (closing, busy, or over one of the tenant's quotas). Lets a
+    /// transport answer before it accepts the request.
+    pub fn would_refuse(&self, tenant: &str) -> Option<Refusal> {
+        let limits = self.inner.quotas.limits(tenant);
+        if let Some(r) = self.inner.limiter.would_refuse(tenant, limits) {
+            return Some(r);
+        }
+        self.inner.quotas.check(tenant).err()
+    }
+
+    /// Whether a call of the tool `name` asks for a run (and so passes the limiter and the
+    /// run quotas).
+    pub fn runs_code(&self, name: &str) -> bool {
+        match self.kind_of(name) {
+            None | Some(ToolKind::Broker(_)) => false,
+            Some(ToolKind::Session) => name == crate::sessions::EXEC_RUN,
+            Some(_) => true,
+        }
+    }
+
+    /// A call refused by a tenant quota, counted.
+    fn quota_refused(&self, tenant: &str, refusal: &Refusal) {
+        if let Some(q) = refusal.quota() {
+            self.inner.metrics.tenant_refusal(tenant, q);
+        }
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -349,8 +382,16 @@ impl GearboxServer {
                 .await;
             return Some((o, None));
         }
+        let tenant = info.caller.as_str();
+        if let Err(refusal) = self.inner.quotas.admit(tenant) {
+            self.quota_refused(tenant, &refusal);
+            let o = Outcome::failed_to_start(&req.language, &backend_name, refusal.to_string());
+            self.refused(info, Some(&req), &o, "quota", "quota").await;
+            return Some((o, None));
+        }
+        let limits = self.inner.quotas.limits(tenant);
         let slot = tokio::select! {
-            slot = self.inner.limiter.acquire() => slot,
+            slot = self.inner.limiter.acquire(tenant, limits) => slot,
             () = ctx.ct.cancelled() => {
                 self.inner.metrics.error("cancelled");
                 return None;
@@ -361,10 +402,18 @@ impl GearboxServer {
             Ok(s) => s,
             Err(refusal) => {
                 let o = Outcome::failed_to_start(&req.language, &backend_name, refusal.to_string());
-                self.refused(info, Some(&req), &o, "busy", "busy").await;
+                let why = if refusal.quota().is_some() {
+                    "quota"
+                } else {
+                    "busy"
+                };
+                self.inner.quotas.unadmit(tenant);
+                self.quota_refused(tenant, &refusal);
+                self.refused(info, Some(&req), &o, why, why).await;
                 return Some((o, None));
             }
         };
+        self.inner.metrics.tenant_run(tenant);
         let hash_only = self.inner.audit.as_ref().is_some_and(|a| a.hash_only());
         let mut record = Record::new("execution", &info.caller, &info.transport, &info.tool);
         fill_request(&mut record, &req, &backend_name, hash_only);
@@ -377,6 +426,10 @@ impl GearboxServer {
         let done = self.run(req, backend, session, ctx).await;
         drop(slot);
         let m = &self.inner.metrics;
+        if let Some(cpu_ms) = done.as_ref().and_then(|(o, _)| o.usage.cpu_time_ms) {
+            self.inner.quotas.charge_cpu(tenant, cpu_ms);
+            m.tenant_cpu(tenant, cpu_ms as f64 / 1000.0);
+        }
         let Some((outcome, session_report)) = done else {
             m.request(&language, "cancelled");
             m.error("cancelled");
@@ -513,6 +566,13 @@ impl GearboxServer {
         } = self.call_info(&request.name, ctx);
         // A live session's packages need full_trust: the caller's cap counts.
         let ceiling = max_gear.map_or(self.gear(), |cap| cap.min(self.gear()));
+        if kind == ToolKind::Session
+            && let Err(refusal) =
+                crate::sessions::check_quotas(engine, &self.inner.quotas, &tenant, &request)
+        {
+            self.quota_refused(&tenant, &refusal);
+            return Ok(crate::sessions::tool_error(refusal.to_string()));
+        }
         if kind == ToolKind::Session
             && let Some(answer) =
                 crate::sessions::answer(engine, self.broker(), ceiling, &tenant, &request).await

@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::args::parse;
+use crate::limiter::Refusal;
+use crate::quotas::Quotas;
 
 pub const EXEC_OPEN: &str = "exec_open";
 pub const EXEC_RUN: &str = "exec_run";
@@ -134,6 +136,8 @@ pub struct RunReport {
 pub struct SessionRun {
     store: Arc<SessionStore>,
     id: SessionId,
+    /// The tenant that owns it (its storage quota applies to what a run leaves).
+    tenant: String,
 }
 
 impl std::fmt::Debug for SessionRun {
@@ -301,6 +305,60 @@ fn file_uri(id: &SessionId, path: &str) -> String {
     uri
 }
 
+/// Would the files a run left keep its tenant within its storage quota? `Ok` without one.
+fn within_storage(
+    engine: &Engine,
+    scope: &SessionRun,
+    collected: &gearbox_core::tree::Collected,
+) -> Result<(), Refusal> {
+    let cfg = &engine.config().quotas;
+    if cfg.for_tenant(&scope.tenant).session_storage_mb == 0 {
+        return Ok(());
+    }
+    let mine = scope.store.info(&scope.id).map_or(0, |i| i.bytes);
+    let others = storage_of(&scope.store, &scope.tenant).saturating_sub(mine);
+    let new: u64 = collected.files.iter().map(|f| f.content.len() as u64).sum();
+    Quotas::new(cfg.clone()).storage(&scope.tenant, others, new)
+}
+
+/// Bytes of the files of every session `tenant` owns (open or persisted).
+fn storage_of(store: &SessionStore, tenant: &str) -> u64 {
+    store
+        .list()
+        .iter()
+        .filter(|s| s.owner == tenant)
+        .map(|s| s.bytes)
+        .sum()
+}
+
+/// The tenant's session quotas (`[quotas] live_sessions`, `session_storage_mb`) for a call
+/// of a session tool: only `exec_open` takes anything they bound.
+pub fn check_quotas(
+    engine: &Engine,
+    quotas: &Quotas,
+    tenant: &str,
+    request: &CallToolRequestParams,
+) -> Result<(), Refusal> {
+    if request.name != EXEC_OPEN {
+        return Ok(());
+    }
+    let stateful = request
+        .arguments
+        .as_ref()
+        .and_then(|a| a.get("stateful"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    if stateful {
+        quotas.live_sessions(tenant, live_sessions().count_for(tenant))?;
+    }
+    if quotas.of(tenant).session_storage_mb > 0
+        && let Ok(store) = store(engine)
+    {
+        quotas.storage(tenant, storage_of(&store, tenant), 0)?;
+    }
+    Ok(())
+}
+
 /// Answer `exec_open`, `exec_close` or `exec_get_artifact` (none of them runs code); `None`
 /// for any other tool. Only called for tools this server exposes.
 pub async fn answer(
@@ -435,7 +493,11 @@ pub fn attach(
         Ok(i) if i.closed => return Err(StoreError::Closed(id).to_string()),
         Ok(_) => {}
     }
-    Ok(Some(SessionRun { store, id }))
+    Ok(Some(SessionRun {
+        store,
+        id,
+        tenant: tenant.to_string(),
+    }))
 }
 
 /// Add what happened to the session's workspace to a run's result (`report`), or that
@@ -558,7 +620,10 @@ pub async fn run(
         }
         Some(c) => {
             report.skipped = c.summary.skipped.clone();
-            match scope.store.apply(&guard, &c) {
+            let saved = within_storage(engine, scope, &c)
+                .map_err(|r| StoreError::Quota(r.to_string()))
+                .and_then(|()| scope.store.apply(&guard, &c));
+            match saved {
                 Ok(changes) => {
                     report.files_changed = changes;
                     report.workspace_saved = true;
@@ -1035,6 +1100,8 @@ pub struct LiveSession {
 /// way to end its sandbox at once, whatever the session is doing.
 #[derive(Clone)]
 struct LiveEntry {
+    /// The tenant that opened it.
+    tenant: String,
     session: Arc<tokio::sync::Mutex<LiveSession>>,
     killer: gearbox_engine::live::Killer,
     files: gearbox_engine::live::LiveFiles,
@@ -1105,6 +1172,16 @@ impl LiveSessions {
 
     fn count(&self) -> usize {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Live sessions `tenant` opened.
+    fn count_for(&self, tenant: &str) -> usize {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|e| e.tenant == tenant)
+            .count()
     }
 
     fn ids(&self) -> Vec<SessionId> {
@@ -1232,6 +1309,7 @@ async fn open_live(
         .insert(
             id,
             LiveEntry {
+                tenant: tenant.to_string(),
                 session: Arc::new(tokio::sync::Mutex::new(LiveSession {
                     live: Some(live),
                     language: language.clone(),

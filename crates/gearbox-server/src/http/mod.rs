@@ -175,8 +175,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
         Some(log) => log.ready().await,
         None => Ok(()),
     };
-    let closing = state.shutdown.is_cancelled()
-        || state.server.limiter().would_refuse() == Some(crate::limiter::Refusal::ShuttingDown);
+    let closing = state.shutdown.is_cancelled() || state.server.limiter().is_closed();
     let mut reasons = Vec::new();
     if let Err(e) = &backend {
         reasons.push(e.clone());
@@ -233,7 +232,8 @@ async fn count_http(State(state): State<AppState>, req: Request<Body>, next: Nex
     resp
 }
 
-/// The 503 a transport sends when a call would be refused anyway.
+/// The answer a transport sends when a call would be refused anyway: 429 when the
+/// tenant is over one of its quotas, else 503 (busy, shutting down).
 fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Response {
     let retry = refusal.retry_after_s();
     let body = serde_json::json!({
@@ -241,7 +241,12 @@ fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Re
         "id": id,
         "error": { "code": -32000, "message": refusal.to_string() },
     });
-    let mut r = json(StatusCode::SERVICE_UNAVAILABLE, body);
+    let status = if refusal.quota().is_some() {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut r = json(status, body);
     if let Ok(v) = HeaderValue::from_str(&retry.to_string()) {
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }
@@ -249,13 +254,19 @@ fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Re
 }
 
 /// Middleware: when no run slot or queue place is free, answer a `tools/call` POST with 503
-/// and `Retry-After` before the transport accepts it. The server still refuses with a tool
-/// error when the budget fills between this check and the call.
+/// and `Retry-After` before the transport accepts it; when the caller's tenant is over a
+/// quota that bounds runs (its runs at once and waiting, runs per minute, CPU per hour),
+/// answer a `tools/call` of a tool that runs code with 429 and `Retry-After`. The server
+/// still refuses with a tool error when the budget fills between this check and the call.
 async fn shed_load(State(state): State<AppState>, req: Request<Body>, next: Next) -> Response {
     if req.method() != axum::http::Method::POST {
         return next.run(req).await;
     }
-    let Some(refusal) = state.server.limiter().would_refuse() else {
+    let tenant = req
+        .extensions()
+        .get::<crate::Caller>()
+        .map_or_else(|| "anonymous".to_string(), |c| c.tenant.clone());
+    let Some(refusal) = state.server.would_refuse(&tenant) else {
         return next.run(req).await;
     };
     let (parts, body) = req.into_parts();
@@ -270,11 +281,20 @@ async fn shed_load(State(state): State<AppState>, req: Request<Body>, next: Next
             serde_json::Value::Array(items) => items.iter().collect(),
             one => vec![one],
         };
-        if let Some(call) = calls
-            .iter()
-            .find(|m| m.get("method").and_then(|m| m.as_str()) == Some("tools/call"))
-        {
-            state.server.metrics().error("busy");
+        let quota = refusal.quota().is_some();
+        if let Some(call) = calls.iter().find(|m| {
+            m.get("method").and_then(|m| m.as_str()) == Some("tools/call")
+                && (!quota
+                    || m.pointer("/params/name")
+                        .and_then(|n| n.as_str())
+                        .is_some_and(|n| state.server.runs_code(n)))
+        }) {
+            if let Some(q) = refusal.quota() {
+                state.server.metrics().error("quota");
+                state.server.metrics().tenant_refusal(&tenant, q);
+            } else {
+                state.server.metrics().error("busy");
+            }
             let id = call.get("id").cloned().unwrap_or(serde_json::Value::Null);
             return busy_response(&refusal, id);
         }

@@ -1430,3 +1430,302 @@ async fn oauth_keys_are_fetched_over_verified_tls() {
         "the untrusted daemon never got the key set"
     );
 }
+
+/// Poll `/metrics` until it has `needle`; the text. (A bound on waiting, not on speed.)
+async fn metrics_until(d: &Daemon, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = d.metrics().await;
+        if m.contains(needle) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "no {needle} in\n{m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One `tools/call` of `execute_code` over raw HTTP: status, Retry-After, body.
+async fn raw_call(
+    d: &Daemon,
+    key: &str,
+    sid: &str,
+    id: i64,
+    code: &str,
+) -> (u16, Option<String>, String) {
+    let r = mcp_post(&d.url("/mcp"))
+        .bearer_auth(key)
+        .header("mcp-session-id", sid)
+        .header("mcp-protocol-version", "2025-03-26")
+        .json(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "execute_code", "arguments": {"language": "bash", "code": code}}}))
+        .send()
+        .await
+        .expect("post");
+    let status = r.status().as_u16();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    (status, retry, r.text().await.expect("body"))
+}
+
+/// With one run slot, tenant A queues a flood of slow runs, then tenant B queues one: B's
+/// run starts before A's third (waiting tenants are served in turn), whatever the speed.
+#[tokio::test]
+async fn a_flood_of_one_tenant_does_not_hold_back_another() {
+    let d = Daemon::start(Opts {
+        config: "[concurrency]\nmax_running = 1\nmax_queued = 64\n",
+        ..Opts::default()
+    })
+    .await;
+    let alice = d.client(Some(ALICE)).await;
+    let bob = d.client(Some(BOB)).await;
+    let code = "import time\nprint(time.time_ns())\ntime.sleep(1)\n";
+    async fn run(
+        c: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+        code: &str,
+    ) -> Result<rmcp::model::CallToolResult, rmcp::ServiceError> {
+        c.call_tool(
+            CallToolRequestParams::new("execute_code")
+                .with_arguments(obj(json!({"language": "python", "code": code}))),
+        )
+        .await
+    }
+    let start_of = |r: &rmcp::model::CallToolResult| -> u128 {
+        assert_ne!(r.is_error, Some(true), "{}", text(r));
+        structured(r)["stdout"]
+            .as_str()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no start time: {}", text(r)))
+    };
+    let flood = futures::future::join_all((0..5).map(|_| run(&alice, code)));
+    let single = async {
+        // Every one of alice's calls is running or waiting before bob's is made.
+        metrics_until(&d, "gearbox_tenant_queued{tenant=\"alice\"} 4").await;
+        let mine = run(&bob, code);
+        let seen = async {
+            // alice's runs granted by the time bob's call waits in the queue.
+            let m = metrics_until(&d, "gearbox_tenant_queued{tenant=\"bob\"} 1").await;
+            m.lines()
+                .find_map(|l| l.strip_prefix("gearbox_tenant_runs_total{tenant=\"alice\"} "))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("alice's runs in\n{m}"))
+        };
+        let (r, granted) = tokio::join!(mine, seen);
+        (r, granted)
+    };
+    let (flood, (single, granted)) = tokio::join!(flood, single);
+    let mut alice_starts: Vec<u128> = flood
+        .iter()
+        .map(|r| start_of(r.as_ref().expect("alice's call")))
+        .collect();
+    alice_starts.sort_unstable();
+    let bob_start = start_of(&single.expect("bob's call"));
+    let before = alice_starts.iter().filter(|s| **s < bob_start).count();
+    // Once bob waits, at most one more of alice's runs goes before his (first in, first out
+    // would put all five first).
+    assert!(
+        granted < 5,
+        "alice's flood ran out before bob queued: {granted}"
+    );
+    assert!(
+        before <= granted + 1,
+        "bob's one run waited for {before} of alice's runs, {granted} of them granted before \
+         he queued (starts {alice_starts:?}, bob {bob_start})"
+    );
+    let m = d.metrics().await;
+    assert!(
+        m.contains("gearbox_tenant_runs_total{tenant=\"alice\"} 5"),
+        "{m}"
+    );
+    assert!(
+        m.contains("gearbox_tenant_runs_total{tenant=\"bob\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("gearbox_tenant_cpu_seconds_total{tenant=\"alice\"}"),
+        "{m}"
+    );
+}
+
+/// Quotas per tenant over HTTP: alice may run one at a time with one waiting, and hold one
+/// live session; bob may start three runs a minute. Past a quota: 429 with Retry-After
+/// naming the quota (known before the call is accepted), or a tool error naming it; the
+/// other tenant is untouched; the quota resets when a run ends or a session closes.
+#[tokio::test]
+async fn a_tenant_over_its_quota_is_refused_and_the_quota_resets() {
+    let dir = TempDir::new("quotas");
+    let config = format!(
+        "[concurrency]\nmax_running = 4\n[sessions]\ndir = {:?}\n\
+         [quotas.tenants.alice]\nmax_running = 1\nmax_queued = 1\nlive_sessions = 1\n\
+         [quotas.tenants.bob]\nruns_per_minute = 3\n",
+        dir.0.join("sessions").display().to_string()
+    );
+    let d = Daemon::start(Opts {
+        config: &config,
+        extra: &["--profile", "sessions"],
+        ..Opts::default()
+    })
+    .await;
+    let alice = d.client(Some(ALICE)).await;
+    let alice_raw = raw_session(&d, ALICE).await;
+    let bob_raw = raw_session(&d, BOB).await;
+    let slow = || {
+        alice.call_tool(
+            CallToolRequestParams::new("execute_code").with_arguments(obj(
+                json!({"language": "bash", "code": "sleep 1; echo slow"}),
+            )),
+        )
+    };
+    let checks = async {
+        metrics_until(&d, "gearbox_tenant_queued{tenant=\"alice\"} 1").await;
+        // alice: one running, one waiting; a third call is refused before it is accepted.
+        let (status, retry, body) = raw_call(&d, ALICE, &alice_raw, 7, "echo three").await;
+        assert_eq!(status, 429, "{body}");
+        let retry: u64 = retry.expect("Retry-After").parse().expect("seconds");
+        assert!(retry >= 1, "{retry}");
+        let v: Value = serde_json::from_str(&body).expect("json-rpc body");
+        assert_eq!(v["id"], json!(7));
+        let msg = v["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            msg.contains("max_queued") && msg.contains("alice") && msg.contains("1 of 1"),
+            "{msg}"
+        );
+        // bob is not held back by alice's quota.
+        let (status, _, body) = raw_call(&d, BOB, &bob_raw, 8, "echo bob").await;
+        assert_eq!(status, 200, "{body}");
+        let r = rpc_result(&body, 8).unwrap_or_else(|| panic!("no result: {body}"));
+        assert_eq!(
+            r["result"]["structuredContent"]["stdout"], "bob\n",
+            "{body}"
+        );
+    };
+    let (a, b, ()) = tokio::join!(slow(), slow(), checks);
+    for r in [a, b] {
+        let r = r.expect("alice's call");
+        assert_eq!(structured(&r)["stdout"], "slow\n", "{}", text(&r));
+    }
+    // Reset: alice's runs ended, so she may run again.
+    let (status, _, body) = raw_call(&d, ALICE, &alice_raw, 9, "echo again").await;
+    assert_eq!(status, 200, "{body}");
+    let r = rpc_result(&body, 9).unwrap_or_else(|| panic!("no result: {body}"));
+    assert_eq!(
+        r["result"]["structuredContent"]["stdout"], "again\n",
+        "{body}"
+    );
+
+    // bob's third run of the minute goes; the fourth is refused naming runs_per_minute.
+    for id in [10, 11] {
+        let (status, _, body) = raw_call(&d, BOB, &bob_raw, id, "true").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, retry, body) = raw_call(&d, BOB, &bob_raw, 12, "true").await;
+    assert_eq!(status, 429, "{body}");
+    let retry: u64 = retry.expect("Retry-After").parse().expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert!(
+        body.contains("runs_per_minute") && body.contains("3 of 3"),
+        "{body}"
+    );
+
+    // Live sessions: alice may hold one; the second is a tool error naming the quota.
+    let bob = d.client(Some(BOB)).await;
+    let live = json!({"stateful": true, "language": "python"});
+    let r = call(&alice, "exec_open", live.clone()).await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let first = structured(&r)["session_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let r = call(&alice, "exec_open", live.clone()).await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(
+        text(&r).contains("live_sessions") && text(&r).contains("1 of 1"),
+        "{}",
+        text(&r)
+    );
+    let r = call(&bob, "exec_open", live.clone()).await;
+    assert_ne!(r.is_error, Some(true), "bob's own: {}", text(&r));
+    let r = call(&alice, "exec_close", json!({"session_id": first})).await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let r = call(&alice, "exec_open", live).await;
+    assert_ne!(r.is_error, Some(true), "reset by closing: {}", text(&r));
+
+    let m = d.metrics().await;
+    for needle in [
+        "gearbox_tenant_refusals_total{tenant=\"alice\",quota=\"max_queued\"} 1",
+        "gearbox_tenant_refusals_total{tenant=\"alice\",quota=\"live_sessions\"} 1",
+        "gearbox_tenant_refusals_total{tenant=\"bob\",quota=\"runs_per_minute\"} 1",
+        "gearbox_tenant_runs_total{tenant=\"alice\"} 3",
+    ] {
+        assert!(m.contains(needle), "{needle} in\n{m}");
+    }
+}
+
+/// `session_storage_mb` over HTTP: a run whose files would take the tenant past it runs but
+/// keeps nothing; up to it the files are kept; at it no session opens (a tool error naming
+/// the quota) for that tenant, while another opens as before; closing frees the space.
+#[tokio::test]
+async fn a_tenants_session_storage_is_bounded() {
+    let dir = TempDir::new("storage");
+    let config = format!(
+        "gear = \"full_trust\"\n[sessions]\ndir = {:?}\n[quotas.tenants.alice]\nsession_storage_mb = 1\n",
+        dir.0.join("sessions").display().to_string()
+    );
+    let d = Daemon::start(Opts {
+        config: &config,
+        extra: &["--profile", "sessions"],
+        ..Opts::default()
+    })
+    .await;
+    let alice = d.client(Some(ALICE)).await;
+    let bob = d.client(Some(BOB)).await;
+    let r = call(&alice, "exec_open", json!({})).await;
+    let id = structured(&r)["session_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    // f.bin makes the workspace's files, the program's included, `n` bytes in all.
+    let write = |n: usize| {
+        json!({"session_id": id, "language": "python",
+            "code": format!("import os\nother = sum(os.path.getsize(os.path.join(d, f)) \
+                for d, _, fs in os.walk('.') for f in fs if f != 'f.bin')\n\
+                open('f.bin', 'wb').write(b'x' * ({n} - other))\n")})
+    };
+    let r = call(&alice, "exec_run", write((1 << 20) + 1)).await;
+    let all = serde_json::to_string(&r).expect("json");
+    assert!(
+        all.contains("workspace not saved")
+            && all.contains("session_storage_mb")
+            && all.contains("1048577 bytes of its 1 MiB"),
+        "{all}"
+    );
+    let r = call(&alice, "exec_run", write(1 << 20)).await;
+    assert_eq!(
+        structured(&r)["workspace_saved"],
+        json!(true),
+        "{}",
+        text(&r)
+    );
+    let r = call(&alice, "exec_open", json!({})).await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(
+        text(&r).contains("session_storage_mb") && text(&r).contains("1048576 bytes of its 1 MiB"),
+        "{}",
+        text(&r)
+    );
+    let r = call(&bob, "exec_open", json!({})).await;
+    assert_ne!(r.is_error, Some(true), "bob's own: {}", text(&r));
+    let r = call(&alice, "exec_close", json!({"session_id": id})).await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let r = call(&alice, "exec_open", json!({})).await;
+    assert_ne!(r.is_error, Some(true), "space freed: {}", text(&r));
+    let m = d.metrics().await;
+    assert!(
+        m.contains(
+            "gearbox_tenant_refusals_total{tenant=\"alice\",quota=\"session_storage_mb\"} 1"
+        ),
+        "{m}"
+    );
+}
