@@ -26,6 +26,8 @@ bash scripts/setup-wasm.sh
 
 # The official MCP Python SDK (end-to-end tests) in .venv.
 bash scripts/setup-e2e.sh
+# kubernetes-validate (deploy/ checked offline) in .venv-deploy.
+bash scripts/setup-deploy-check.sh
 
 # Package installers run outside the sandbox for `packages`: uv (PyPI) and npm.
 bash scripts/setup-packages.sh

@@ -274,6 +274,21 @@ pub struct HttpConfig {
     /// On SIGTERM/SIGINT, how long running calls may take to finish before they are
     /// killed, in milliseconds. Default 6000 (the whole shutdown stays under 10 s).
     pub shutdown_grace_ms: u64,
+    /// This replica's name in a fleet (letters, digits, `-`; at most 63). The ids of the MCP
+    /// sessions it opens start with it, so any replica can tell which one owns a session.
+    /// The environment variable `GEARBOX_REPLICA` overrides it (a pod's name). Default: none
+    /// (a single server: ids carry no owner and nothing is forwarded).
+    pub replica_id: Option<String>,
+    /// Where the other replicas are, as a URL template with `{replica}` for the owner's
+    /// name, e.g. `http://{replica}.gearbox-headless:8080`. A request for a session another
+    /// replica owns is forwarded there unchanged (the owner checks the API key again). Needs
+    /// `replica_id` and a peer secret (`GEARBOX_PEER_SECRET` or `peer_secret_file`).
+    /// Default: none.
+    pub peers: Option<String>,
+    /// File holding the secret replicas share to prove a forwarded request comes from a
+    /// peer (at least 16 characters; the environment variable `GEARBOX_PEER_SECRET`
+    /// overrides it). Default: none.
+    pub peer_secret_file: Option<PathBuf>,
 }
 
 impl Default for HttpConfig {
@@ -291,6 +306,9 @@ impl Default for HttpConfig {
             body_timeout_ms: 30_000,
             max_connections: 1024,
             shutdown_grace_ms: 6_000,
+            replica_id: None,
+            peers: None,
+            peer_secret_file: None,
         }
     }
 }
