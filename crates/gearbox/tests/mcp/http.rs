@@ -612,6 +612,87 @@ async fn sigterm_stops_within_ten_seconds_and_kills_running_sandboxes() {
     );
 }
 
+/// Graceful drain (what a pod's SIGTERM gets): a run under way finishes and is answered, a new
+/// run is refused, and the process exits 0.
+#[tokio::test]
+async fn sigterm_lets_a_running_run_finish_and_refuses_new_ones() {
+    let mut d = Daemon::start(Opts {
+        config: "[http]\nshutdown_grace_ms = 30000\n",
+        ..Opts::default()
+    })
+    .await;
+    let marker = "3.4243";
+    let first = d.client(Some(ALICE)).await;
+    let second = d.client(Some(ALICE)).await;
+    let running = tokio::spawn(async move {
+        let r = call(
+            &first,
+            "execute_code",
+            json!({"language": "bash", "code": format!("sleep {marker}; echo finished")}),
+        )
+        .await;
+        drop(first);
+        r
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_with(marker).is_empty() {
+        assert!(Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = d.child.id().expect("pid") as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d
+        .stderr()
+        .contains("shutting down: no new connections or runs")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no shutdown line:\n{}",
+            d.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A new run: refused, over the open connection (503 / `shutting down`) or because the
+    // listener is closed.
+    let refused = second
+        .call_tool(
+            CallToolRequestParams::new("execute_code")
+                .with_arguments(obj(json!({"language": "bash", "code": "echo new"}))),
+        )
+        .await;
+    match &refused {
+        Ok(r) => assert!(
+            r.is_error == Some(true) && text(r).contains("shutting down"),
+            "a new run was accepted: {}",
+            text(r)
+        ),
+        // The connection was refused: the listener is closed.
+        Err(_) => {}
+    }
+    let r = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the running call is answered")
+        .expect("join");
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "finished\n", "{}", text(&r));
+    let status = tokio::time::timeout(Duration::from_secs(15), d.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("not stopped:\n{}", d.stderr()))
+        .expect("wait");
+    assert!(status.success(), "exit status {status:?}:\n{}", d.stderr());
+    let ran: Vec<Value> = d
+        .audit_lines()
+        .into_iter()
+        .filter(|l| l["event"] == "execution")
+        .collect();
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    assert_eq!(ran[0]["status"], "ok", "{ran:?}");
+    drop(second);
+}
+
 #[tokio::test]
 async fn legacy_sse_transport_round_trip() {
     let d = Daemon::start(Opts::default()).await;
