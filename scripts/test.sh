@@ -62,3 +62,7 @@ bash scripts/setup-deploy-check.sh
 .venv-deploy/bin/python scripts/check-deploy.py --gearbox "$target_dir/debug/gearbox"
 echo "== deploy/ check's self-test: broken manifests and profiles are caught"
 .venv-deploy/bin/python scripts/check-deploy.py --self-test --gearbox "$target_dir/debug/gearbox"
+if [ "$(id -u)" -eq 0 ]; then
+    echo "== the pod's settings for real: the sandbox inside runc with the pod's user namespace, seccomp profile and /proc"
+    python3 scripts/check-pod-profile.py --gearbox "$target_dir/debug/gearbox"
+fi
