@@ -12,10 +12,10 @@ deploy/seccomp-gearbox.json, no AppArmor profile, and /proc without the runtime'
 which must make the sandbox's set-up fail: the runtime's default /proc masks (the manifest
 without `procMount: Unmasked`), and the profile without `mount`.
 
-What this does not cover: Kubernetes itself (the kubelet, idmapped volume mounts), the
-runtime's default AppArmor profile (this host may have no AppArmor), and `gearbox serve`'s warm
-paths (pooled sandboxes and fork servers). Needs root, runc and unshare; exit 0 when every
-case behaves as expected.
+`gearbox serve` runs there too: five calls over MCP stdio, the later ones through the warm
+pool's fork server. What this does not cover: Kubernetes itself (the kubelet, idmapped volume
+mounts) and the runtime's default AppArmor profile (this host may have no AppArmor). Needs
+root, runc and unshare; exit 0 when every case behaves as expected.
 """
 
 import argparse
@@ -30,6 +30,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "deploy/seccomp-gearbox.json"
+# An MCP client over stdio: `gearbox serve` (warm pool and fork servers on, as in the pod)
+# answers five Python calls; one JSON line per outcome.
+SERVE_CLIENT = """
+import json, subprocess, sys
+p = subprocess.Popen([sys.argv[1], "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     text=True)
+def send(m):
+    p.stdin.write(json.dumps(m) + "\\n")
+    p.stdin.flush()
+def recv(i):
+    for line in p.stdout:
+        m = json.loads(line)
+        if m.get("id") == i:
+            return m
+send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "check-pod-profile", "version": "1"}}})
+recv(1)
+send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+for i in range(2, 7):
+    send({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+        "name": "execute_code", "arguments": {"language": "python", "code": f"print({i})"}}})
+    print(json.dumps(recv(i)["result"].get("structuredContent")), flush=True)
+p.stdin.close()
+p.wait(timeout=30)
+"""
 PROGRAMS = {
     "t.py": ("python", 'import os\nprint("python as", os.getuid())\n', "python as 1000\n"),
     "t.sh": ("bash", 'echo "bash as $(id -u)"\n', "bash as 1000\n"),
@@ -81,12 +107,14 @@ def base_config(gearbox, rootfs, progs, seccomp, masked):
     }
 
 
-def run_case(name, gearbox, seccomp, masked, program, work):
+def run_case(name, gearbox, seccomp, masked, program, work, args=None):
     bundle = work / name
     bundle.mkdir()
     rootfs = work / "rootfs"
     config = base_config(gearbox, rootfs, work / "prog", seccomp, masked)
     config["process"]["args"].append(f"/tmp/prog/{program}")
+    if args is not None:
+        config["process"]["args"] = args
     (bundle / "config.json").write_text(json.dumps(config))
     cid = f"gearbox-pod-check-{os.getpid()}-{name}"
     # The host's root, bound (read-only in the container) in a mount namespace of our own,
@@ -98,9 +126,10 @@ def run_case(name, gearbox, seccomp, masked, program, work):
                            timeout=120)
     finally:
         subprocess.run(["runc", "delete", "-f", cid], capture_output=True)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    outcome = json.loads(lines[-1]) if lines else {"status": "none", "reason": p.stderr[-400:]}
-    return outcome
+    lines = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if args is not None:
+        return lines or [{"status": "none", "reason": p.stderr[-400:]}]
+    return lines[-1] if lines else {"status": "none", "reason": p.stderr[-400:]}
 
 
 def main():
@@ -122,6 +151,8 @@ def main():
     for fname, (_, code, _) in PROGRAMS.items():
         (work / "prog" / fname).write_text(code)
         os.chmod(work / "prog" / fname, 0o644)
+    (work / "prog" / "serve.py").write_text(SERVE_CLIENT)
+    os.chmod(work / "prog" / "serve.py", 0o644)
     os.chmod(work / "prog", 0o755)
     bad = 0
     try:
@@ -132,6 +163,14 @@ def main():
             print(f"check-pod-profile: the pod's settings, {lang}: "
                   f"{'ok' if ok else 'FAILED'} ({o.get('status')}: "
                   f"{(o.get('stdout') or o.get('reason') or '').strip()[:200]})")
+        outs = run_case("pod-serve", gearbox, profile, False, "", work,
+                        args=["/usr/bin/python3", "/tmp/prog/serve.py", str(gearbox)])
+        ok = len(outs) == 5 and all(
+            o.get("status") == "ok" and o.get("stdout") == f"{i}\n" for i, o in enumerate(outs, 2))
+        bad += not ok
+        print(f"check-pod-profile: the pod's settings, gearbox serve (5 calls, warm pool): "
+              f"{'ok' if ok else 'FAILED'} (set-up us: {[o.get('setup_us') for o in outs]}; "
+              f"{'' if ok else outs})")
         for name, seccomp, masked, step in [
             ("masked-proc", profile, True, "mount /proc"),
             ("no-mount", no_mount, False, "EPERM"),
@@ -145,7 +184,7 @@ def main():
                   f"({o.get('status')}: {reason.strip()[:200]})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"check-pod-profile: {4 - bad} passed, {bad} failed")
+    print(f"check-pod-profile: {5 - bad} passed, {bad} failed")
     sys.exit(1 if bad else 0)
 
 
