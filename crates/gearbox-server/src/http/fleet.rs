@@ -6,7 +6,7 @@
 //!   opens are too (`gearbox_sessions::set_replica`). The UUID stays the whole random part.
 //! - `[http] peers` is the other replicas' address with `{replica}` for a name. A request
 //!   whose `Mcp-Session-Id`, or (with no `Mcp-Session-Id`) whose `tools/call` argument
-//!   `session_id`, names another replica is sent there unchanged ([`route`]): method, path,
+//!   `session_id` or `resources/read` of a session resource, names another replica is sent there unchanged ([`route`]): method, path,
 //!   headers (the client's own credentials and `Host` included), body, and the answer streams
 //!   back. The owner checks the API key again like for any request; forwarding never skips
 //!   a check.
@@ -277,8 +277,9 @@ enum By {
     GearboxSession,
 }
 
-/// The gearbox session a JSON-RPC body's `tools/call` names, if any (one call or a batch
-/// whose calls name one owner: the first found decides).
+/// The gearbox session a JSON-RPC body names, if any: a `tools/call`'s `session_id` argument,
+/// or a `resources/read` of a session resource (`gearbox://sessions/{id}/...`). One message or
+/// a batch (the first session found decides).
 fn gearbox_session_in(body: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let calls: Vec<&serde_json::Value> = match &v {
@@ -286,15 +287,24 @@ fn gearbox_session_in(body: &[u8]) -> Option<String> {
         one => vec![one],
     };
     calls.iter().find_map(|m| {
-        if m.get("method")?.as_str()? != "tools/call" {
-            return None;
+        let params = m.get("params")?;
+        match m.get("method")?.as_str()? {
+            "tools/call" => Some(
+                params
+                    .get("arguments")?
+                    .get("session_id")?
+                    .as_str()?
+                    .to_string(),
+            ),
+            "resources/read" => {
+                let rest = params
+                    .get("uri")?
+                    .as_str()?
+                    .strip_prefix(crate::sessions::SESSIONS_PREFIX)?;
+                Some(rest.split('/').next()?.to_string())
+            }
+            _ => None,
         }
-        let id = m
-            .get("params")?
-            .get("arguments")?
-            .get("session_id")?
-            .as_str()?;
-        Some(id.to_string())
     })
 }
 
@@ -509,9 +519,12 @@ mod tests {
         assert_eq!(gearbox_session_in(one).as_deref(), Some("a.x"));
         let batch = br#"[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"arguments":{"session_id":"b.y"}}}]"#;
         assert_eq!(gearbox_session_in(batch).as_deref(), Some("b.y"));
+        let read = br#"{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"uri":"gearbox://sessions/c.z/files/a.txt"}}"#;
+        assert_eq!(gearbox_session_in(read).as_deref(), Some("c.z"));
         for none in [
             &br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#[..],
             br#"{"method":"tools/call","params":{"arguments":{"session_id":7}}}"#,
+            br#"{"method":"resources/read","params":{"uri":"file:///etc/passwd"}}"#,
             b"not json",
             b"",
         ] {

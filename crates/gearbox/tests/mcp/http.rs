@@ -1104,6 +1104,17 @@ async fn sessions_work_from_any_replica_of_a_fleet() {
     )
     .await;
     assert_eq!(structured(&r)["stdout"], "7\n", "{}", text(&r));
+    // The same file as a resource, read through B.
+    let read = on_b
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(format!(
+            "gearbox://sessions/{files}/files/n.txt"
+        )))
+        .await
+        .expect("resources/read through B");
+    match &read.contents[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, .. } => assert_eq!(text, "7"),
+        other => panic!("{other:?}"),
+    }
     // Another tenant is still told the session does not exist, through B as through A.
     let r = mcp_post(&b.url("/mcp"))
         .bearer_auth(BOB)
