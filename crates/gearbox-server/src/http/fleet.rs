@@ -6,9 +6,9 @@
 //!   opens are too (`gearbox_sessions::set_replica`). The UUID stays the whole random part.
 //! - `[http] peers` is the other replicas' address with `{replica}` for a name. A request
 //!   whose `Mcp-Session-Id`, or (with no `Mcp-Session-Id`) whose `tools/call` argument
-//!   `session_id` or `resources/read` of a session resource, names another replica is sent there unchanged ([`route`]): method, path,
-//!   headers (the client's own credentials and `Host` included), body, and the answer streams
-//!   back. The owner checks the API key again like for any request; forwarding never skips
+//!   `session_id` or `resources/read` of a session resource, names another replica is sent
+//!   there unchanged ([`route`]): method, path, headers (the client's own credentials and
+//!   `Host` included), body, and the answer streams back. The owner checks the API key again like for any request; forwarding never skips
 //!   a check.
 //! - The forwarded request carries [`PEER_HEADER`] with the secret the replicas share. A
 //!   request that carries it is served where it lands and never forwarded again (the loop
