@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages: Go for the `go` language, python3-venv for the MCP end-to-end client,
-# util-linux for setpriv (unprivileged test run).
-PACKAGES=(golang-go python3-venv util-linux ca-certificates)
+# util-linux for setpriv (unprivileged test run), runc for the pod-profile check.
+PACKAGES=(golang-go python3-venv util-linux ca-certificates runc)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -26,6 +26,8 @@ bash scripts/setup-wasm.sh
 
 # The official MCP Python SDK (end-to-end tests) in .venv.
 bash scripts/setup-e2e.sh
+# kubernetes-validate (deploy/ checked offline) in .venv-deploy.
+bash scripts/setup-deploy-check.sh
 
 # Package installers run outside the sandbox for `packages`: uv (PyPI) and npm.
 bash scripts/setup-packages.sh

@@ -5,7 +5,8 @@
 #
 # Steps: formatting check; every crate's unit and integration tests (real sandboxes, real
 # MCP clients over stdio); the sandbox suite again as an unprivileged user; the end-to-end
-# client of the official MCP Python SDK; clippy -D warnings on every target.
+# client of the official MCP Python SDK; clippy -D warnings on every target; the Kubernetes
+# manifests and seccomp profile in deploy/, checked offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -55,3 +56,13 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 
 echo "== end-to-end: official MCP Python SDK over HTTP (Streamable HTTP and SSE)"
 .venv/bin/python tests/e2e/mcp_http_client.py --gearbox "$target_dir/debug/gearbox"
+
+echo "== deploy/: manifests against the Kubernetes API schemas (strict), the pod's security profile, the seccomp profile"
+bash scripts/setup-deploy-check.sh
+.venv-deploy/bin/python scripts/check-deploy.py --gearbox "$target_dir/debug/gearbox"
+echo "== deploy/ check's self-test: broken manifests and profiles are caught"
+.venv-deploy/bin/python scripts/check-deploy.py --self-test --gearbox "$target_dir/debug/gearbox"
+if [ "$(id -u)" -eq 0 ]; then
+    echo "== the pod's settings for real: the sandbox inside runc with the pod's user namespace, seccomp profile and /proc"
+    python3 scripts/check-pod-profile.py --gearbox "$target_dir/debug/gearbox"
+fi

@@ -389,6 +389,21 @@ pub struct HttpConfig {
     /// OAuth 2.1 resource server (`[http.oauth]`): JWT access tokens from one issuer,
     /// accepted beside the API keys. Default: off.
     pub oauth: Option<OAuthConfig>,
+    /// This replica's name in a fleet (letters, digits, `-`; at most 63). The ids of the MCP
+    /// sessions it opens start with it, so any replica can tell which one owns a session.
+    /// The environment variable `GEARBOX_REPLICA` overrides it (a pod's name). Default: none
+    /// (a single server: ids carry no owner and nothing is forwarded).
+    pub replica_id: Option<String>,
+    /// Where the other replicas are, as a URL template with `{replica}` for the owner's
+    /// name, e.g. `http://{replica}.gearbox-headless:8080`. A request for a session another
+    /// replica owns is forwarded there unchanged (the owner checks the API key again). Needs
+    /// `replica_id` and a peer secret (`GEARBOX_PEER_SECRET` or `peer_secret_file`).
+    /// Default: none.
+    pub peers: Option<String>,
+    /// File holding the secret replicas share to prove a forwarded request comes from a
+    /// peer (at least 16 characters; the environment variable `GEARBOX_PEER_SECRET`
+    /// overrides it). Default: none.
+    pub peer_secret_file: Option<PathBuf>,
 }
 
 impl HttpConfig {
@@ -516,6 +531,9 @@ impl Default for HttpConfig {
             shutdown_grace_ms: 6_000,
             keys: BTreeMap::new(),
             oauth: None,
+            replica_id: None,
+            peers: None,
+            peer_secret_file: None,
         }
     }
 }

@@ -1,13 +1,34 @@
 //! Session ids: UUID v4 in their canonical form, the only form that ever becomes a path
-//! component.
+//! component. A replica of a fleet shows them as `REPLICA.UUID` ([`set_replica`]), so any
+//! replica can tell which one holds a session; the directory is still named by the UUID.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use uuid::Uuid;
 
+/// This process's replica name, once set.
+static REPLICA: OnceLock<String> = OnceLock::new();
+
+/// Name this process as a replica of a fleet: from now on ids are shown, and must be given,
+/// as `NAME.UUID`. The caller has checked `name` is a DNS label (`gearbox_server`'s fleet
+/// configuration). Once per process; a second call with another name fails.
+pub fn set_replica(name: &str) -> Result<(), String> {
+    let set = REPLICA.get_or_init(|| name.to_string());
+    if set == name {
+        Ok(())
+    } else {
+        Err(format!("this process is already replica {set:?}"))
+    }
+}
+
+fn replica() -> Option<&'static str> {
+    REPLICA.get().map(String::as_str)
+}
+
 /// A validated session id. The only way to build one is [`SessionId::parse`] (or
-/// [`SessionId::new`]), so any `SessionId` is 36 characters of lowercase hex and hyphens:
-/// safe as a directory name.
+/// [`SessionId::new`]), so any `SessionId` is a UUID whose directory name is 36 characters of
+/// lowercase hex and hyphens: safe as a directory name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionId(Uuid);
 
@@ -17,27 +38,54 @@ impl SessionId {
         SessionId(Uuid::new_v4())
     }
 
-    /// Accept exactly the canonical lowercase hyphenated form of a version-4, RFC 4122
-    /// UUID. `field` names the argument in the error.
+    /// Accept exactly the form [`fmt::Display`] shows: the canonical lowercase hyphenated
+    /// form of a version-4, RFC 4122 UUID, after `REPLICA.` when this process is a replica
+    /// (an id of another replica is refused like any unknown id). `field` names the argument
+    /// in the error.
     pub fn parse(field: &str, s: &str) -> Result<SessionId, String> {
-        let shown: String = s.chars().take(60).collect();
-        let bad = || format!("{field}: {shown:?} is not a session id (a lowercase UUID v4)");
-        if s.len() != 36 {
-            return Err(bad());
-        }
-        let u = Uuid::try_parse(s).map_err(|_| bad())?;
-        if u.get_version_num() != 4
-            || u.get_variant() != uuid::Variant::RFC4122
-            || u.hyphenated().to_string() != s
-        {
-            return Err(bad());
-        }
-        Ok(SessionId(u))
+        parse_as(field, s, replica())
+    }
+
+    /// An id from a directory name: the bare UUID.
+    pub fn from_dir_name(name: &str) -> Result<SessionId, String> {
+        parse_as("entry", name, None)
     }
 
     /// The directory name of this session.
     pub fn dir_name(&self) -> String {
         self.0.hyphenated().to_string()
+    }
+}
+
+fn parse_as(field: &str, s: &str, replica: Option<&str>) -> Result<SessionId, String> {
+    let shown: String = s.chars().take(60).collect();
+    let bad = || format!("{field}: {shown:?} is not a session id (a lowercase UUID v4)");
+    let bare = match replica {
+        None => s,
+        Some(r) => s
+            .strip_prefix(r)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .ok_or_else(|| {
+                format!("{field}: {shown:?} is not a session id of this server ({r}.UUID)")
+            })?,
+    };
+    if bare.len() != 36 {
+        return Err(bad());
+    }
+    let u = Uuid::try_parse(bare).map_err(|_| bad())?;
+    if u.get_version_num() != 4
+        || u.get_variant() != uuid::Variant::RFC4122
+        || u.hyphenated().to_string() != bare
+    {
+        return Err(bad());
+    }
+    Ok(SessionId(u))
+}
+
+fn show(id: &SessionId, replica: Option<&str>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    match replica {
+        Some(r) => write!(f, "{r}.{}", id.0.hyphenated()),
+        None => write!(f, "{}", id.0.hyphenated()),
     }
 }
 
@@ -49,7 +97,7 @@ impl Default for SessionId {
 
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0.hyphenated())
+        show(self, replica(), f)
     }
 }
 
@@ -81,6 +129,34 @@ mod tests {
             let e = SessionId::parse("session_id", bad).expect_err(bad);
             assert!(e.starts_with("session_id: "), "{e}");
         }
+    }
+
+    #[test]
+    fn a_replica_shows_and_wants_its_name_first() {
+        struct Shown(SessionId, Option<&'static str>);
+        impl fmt::Display for Shown {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                show(&self.0, self.1, f)
+            }
+        }
+        let id = SessionId::new();
+        let as_a = Shown(id, Some("gearbox-0")).to_string();
+        assert_eq!(as_a, format!("gearbox-0.{}", id.dir_name()));
+        assert_eq!(parse_as("id", &as_a, Some("gearbox-0")), Ok(id));
+        assert_eq!(Shown(id, None).to_string(), id.dir_name());
+        for bad in [
+            id.dir_name(),
+            format!("gearbox-1.{id}"),
+            format!("gearbox-0{id}"),
+            format!("gearbox-0..{id}"),
+            format!("gearbox-0./{id}"),
+            "gearbox-0.".to_string(),
+        ] {
+            let e = parse_as("session_id", &bad, Some("gearbox-0")).expect_err(&bad);
+            assert!(e.starts_with("session_id: "), "{e}");
+        }
+        assert!(parse_as("id", &as_a, None).is_err());
+        assert_eq!(SessionId::from_dir_name(&id.dir_name()), Ok(id));
     }
 }
 

@@ -15,7 +15,7 @@ mod fsops;
 mod id;
 mod store;
 
-pub use id::SessionId;
+pub use id::{SessionId, set_replica};
 pub use store::{
     Artifact, ChangeKind, FileChange, FileEntry, RunGuard, SessionInfo, SessionStore, StoreError,
     StoreOptions,

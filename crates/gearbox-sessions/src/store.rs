@@ -261,7 +261,7 @@ impl SessionStore {
                 continue;
             }
             // Only directories named by a valid id are sessions; anything else is left alone.
-            let Ok(id) = SessionId::parse("entry", &name) else {
+            let Ok(id) = SessionId::from_dir_name(&name) else {
                 continue;
             };
             let meta = self.read_meta(&id);
@@ -388,7 +388,10 @@ impl SessionStore {
 
     fn info_of(&self, meta: &Meta) -> SessionInfo {
         SessionInfo {
-            session_id: meta.id.clone(),
+            // As clients see it: `REPLICA.UUID` on a replica of a fleet.
+            session_id: SessionId::from_dir_name(&meta.id)
+                .map(|id| id.to_string())
+                .unwrap_or_else(|_| meta.id.clone()),
             workspace: "/work".into(),
             expires_at: meta.expires().map(rfc3339),
             files: meta.manifest.len(),
@@ -468,7 +471,7 @@ impl SessionStore {
         let now = now_secs();
         let mut out: Vec<SessionInfo> = entries
             .flatten()
-            .filter_map(|e| SessionId::parse("entry", &e.file_name().to_string_lossy()).ok())
+            .filter_map(|e| SessionId::from_dir_name(&e.file_name().to_string_lossy()).ok())
             .filter_map(|id| self.read_meta(&id).ok())
             .filter(|m| !m.expired(now))
             .map(|m| self.info_of(&m))

@@ -10,12 +10,15 @@
 //! | `/approvals`, `/approvals/{id}` | human approvals ([`approvals`]) | yes |
 //! | `/.well-known/oauth-protected-resource[/mcp]` | Protected Resource Metadata, with `[http.oauth]` ([`oauth`]) | no |
 //!
-//! "key" means: when API keys or `[http.oauth]` are configured ([`auth`]). [`app`] builds the whole router so
+//! "key" means: when API keys or `[http.oauth]` are configured ([`auth`]). In a fleet, a
+//! request on `/mcp` for a session another replica owns is forwarded to it ([`fleet`]).
+//! [`app`] builds the whole router so
 //! tests can drive it without a socket; [`serve`] adds the listener: a connection limit,
 //! header and body timeouts, and graceful shutdown on SIGTERM/SIGINT.
 
 mod approvals;
 pub mod auth;
+pub mod fleet;
 pub mod oauth;
 pub mod sse;
 
@@ -33,7 +36,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use gearbox_engine::config::HttpConfig;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -103,6 +105,8 @@ pub struct AppState {
     /// Cancelled at shutdown: ends every MCP session.
     pub shutdown: CancellationToken,
     pub sse_sessions: Arc<sse::Sessions>,
+    /// This replica's name and its peers (none for a single server).
+    pub fleet: Arc<fleet::Fleet>,
     probe: Arc<Mutex<Option<Probe>>>,
 }
 
@@ -118,8 +122,15 @@ impl AppState {
             config,
             shutdown: CancellationToken::new(),
             sse_sessions: Arc::new(sse::Sessions::default()),
+            fleet: Arc::new(fleet::Fleet::default()),
             probe: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Serve as a replica of `fleet`.
+    pub fn with_fleet(mut self, fleet: fleet::Fleet) -> AppState {
+        self.fleet = Arc::new(fleet);
+        self
     }
 }
 
@@ -406,7 +417,7 @@ pub fn app(state: AppState) -> Router {
     let server = state.server.clone();
     let mcp = StreamableHttpService::new(
         move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(fleet::ReplicaSessions::new(state.fleet.replica())),
         rmcp_cfg,
     );
     let sse_state = sse::SseState {
@@ -423,7 +434,12 @@ pub fn app(state: AppState) -> Router {
     let mcp_routes = Router::new()
         .route_service("/mcp", any_service(mcp))
         .layer(middleware::from_fn_with_state(state.clone(), shed_load))
-        .layer(middleware::from_fn(transport_layer("http")));
+        .layer(middleware::from_fn(transport_layer("http")))
+        // After the key check, before load shedding: the owner sheds its own load.
+        .layer(middleware::from_fn_with_state(
+            state.fleet.clone(),
+            fleet::route,
+        ));
     let sse_routes = Router::new()
         .route("/sse", get(sse::open))
         .route("/messages", post(sse::post))
@@ -583,6 +599,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let config = server.engine().config().http.clone();
     check_exposure(addr, &keys, config.oauth.is_some(), insecure_no_auth)?;
+    let fleet = fleet::Fleet::from_config(
+        &config,
+        std::env::var(fleet::ENV_REPLICA).ok(),
+        std::env::var(fleet::ENV_PEER_SECRET).ok(),
+    )?;
+    if let Some(name) = fleet.replica() {
+        gearbox_sessions::set_replica(name).map_err(anyhow::Error::msg)?;
+    }
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
@@ -595,11 +619,13 @@ pub async fn run(
         audit = ?server.audit().map(|a| a.path().to_path_buf()),
         max_running = server.limiter().max_running(),
         max_queued = server.limiter().max_queued(),
+        replica = fleet.replica(),
+        forwards = fleet.forwards(),
         "serving MCP over HTTP"
     );
     // One machine-readable line for scripts and tests, whatever the log filter.
     eprintln!("gearbox: listening on http://{local}/mcp");
-    let state = AppState::new(server, keys, config);
+    let state = AppState::new(server, keys, config).with_fleet(fleet);
     serve(listener, state, CancellationToken::new()).await
 }
 

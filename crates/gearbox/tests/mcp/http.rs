@@ -35,6 +35,8 @@ struct Opts<'a> {
     /// `None`: a fresh audit file in the temp dir.
     audit: Option<&'a Path>,
     extra: &'a [&'a str],
+    /// `--http` address.
+    listen: &'a str,
     /// Environment variables of the daemon.
     env: &'a [(&'a str, &'a str)],
 }
@@ -46,6 +48,7 @@ impl Default for Opts<'_> {
             config: "",
             audit: None,
             extra: &[],
+            listen: "127.0.0.1:0",
             env: &[],
         }
     }
@@ -62,7 +65,7 @@ impl Daemon {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox"));
         cmd.arg("--config")
             .arg(&config)
-            .args(["--log", "info", "serve", "--http", "127.0.0.1:0"])
+            .args(["--log", "info", "serve", "--http", o.listen])
             .arg("--audit-log")
             .arg(&audit)
             .args(o.extra)
@@ -75,7 +78,10 @@ impl Daemon {
         if let Some(k) = o.keys {
             cmd.env("GEARBOX_API_KEYS", k);
         }
-        cmd.env_remove("SSL_CERT_FILE").envs(o.env.iter().copied());
+        cmd.env_remove("SSL_CERT_FILE")
+            .env_remove("GEARBOX_REPLICA")
+            .env_remove("GEARBOX_PEER_SECRET")
+            .envs(o.env.iter().copied());
         let mut child = cmd.spawn().expect("spawn gearbox serve --http");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
@@ -606,6 +612,86 @@ async fn sigterm_stops_within_ten_seconds_and_kills_running_sandboxes() {
         "{lines:?}\n{}",
         d.stderr()
     );
+}
+
+/// Graceful drain (what a pod's SIGTERM gets): a run under way finishes and is answered, a new
+/// run is refused, and the process exits 0.
+#[tokio::test]
+async fn sigterm_lets_a_running_run_finish_and_refuses_new_ones() {
+    let mut d = Daemon::start(Opts {
+        config: "[http]\nshutdown_grace_ms = 30000\n",
+        ..Opts::default()
+    })
+    .await;
+    let marker = "3.4243";
+    let first = d.client(Some(ALICE)).await;
+    let second = d.client(Some(ALICE)).await;
+    let running = tokio::spawn(async move {
+        let r = call(
+            &first,
+            "execute_code",
+            json!({"language": "bash", "code": format!("sleep {marker}; echo finished")}),
+        )
+        .await;
+        drop(first);
+        r
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_with(marker).is_empty() {
+        assert!(Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = d.child.id().expect("pid") as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d
+        .stderr()
+        .contains("shutting down: no new connections or runs")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no shutdown line:\n{}",
+            d.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A new run.
+    let refused = second
+        .call_tool(
+            CallToolRequestParams::new("execute_code")
+                .with_arguments(obj(json!({"language": "bash", "code": "echo new"}))),
+        )
+        .await;
+    // Refused over the open connection (503 / `shutting down`), or the connection was
+    // refused because the listener is closed (an error).
+    if let Ok(r) = &refused {
+        assert!(
+            r.is_error == Some(true) && text(r).contains("shutting down"),
+            "a new run was accepted: {}",
+            text(r)
+        );
+    }
+    let r = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the running call is answered")
+        .expect("join");
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "finished\n", "{}", text(&r));
+    let status = tokio::time::timeout(Duration::from_secs(15), d.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("not stopped:\n{}", d.stderr()))
+        .expect("wait");
+    assert!(status.success(), "exit status {status:?}:\n{}", d.stderr());
+    let ran: Vec<Value> = d
+        .audit_lines()
+        .into_iter()
+        .filter(|l| l["event"] == "execution")
+        .collect();
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    assert_eq!(ran[0]["status"], "ok", "{ran:?}");
+    drop(second);
 }
 
 #[tokio::test]
@@ -1728,4 +1814,275 @@ async fn a_tenants_session_storage_is_bounded() {
         ),
         "{m}"
     );
+}
+/// A load balancer, as DNS: the first lookup answers replica A, every later one replica B.
+/// With no idle connection kept, every request after `initialize` reaches B.
+struct FirstThenOther {
+    first: std::net::IpAddr,
+    then: std::net::IpAddr,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl reqwest::dns::Resolve for FirstThenOther {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let n = self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let ip = if n == 0 { self.first } else { self.then };
+        let addrs: reqwest::dns::Addrs =
+            Box::new(std::iter::once(std::net::SocketAddr::new(ip, 0)));
+        Box::pin(async move { Ok(addrs) })
+    }
+}
+
+const PEER_SECRET: &str = "peer-secret-0123456789abcdef";
+
+/// Two replicas as two pods: A (`2`) on 127.0.0.2:P and B (`3`) on 127.0.0.3:P, each with
+/// the other as peer through `http://127.0.0.{replica}:P`: on loopback a replica's name is
+/// the last byte of its address. A is named by `[http] replica_id`, B by `GEARBOX_REPLICA`.
+async fn two_replicas(dir: &TempDir) -> (Daemon, Daemon, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.2:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let config = |name: &str, replica_id: &str| {
+        format!(
+            "gear = \"full_trust\"\n[sessions]\ndir = {:?}\n[http]\n\
+             allowed_hosts = [\"gearbox\", \"127.0.0.2\", \"127.0.0.3\"]\n\
+             peers = \"http://127.0.0.{{replica}}:{port}\"\n{replica_id}",
+            dir.0.join(name).display().to_string()
+        )
+    };
+    let (ca, cb) = (config("a", "replica_id = \"2\"\n"), config("b", ""));
+    let (la, lb) = (format!("127.0.0.2:{port}"), format!("127.0.0.3:{port}"));
+    let a = Daemon::start(Opts {
+        config: &ca,
+        extra: &["--profile", "sessions"],
+        listen: &la,
+        env: &[("GEARBOX_PEER_SECRET", PEER_SECRET)],
+        ..Opts::default()
+    })
+    .await;
+    let b = Daemon::start(Opts {
+        config: &cb,
+        extra: &["--profile", "sessions"],
+        listen: &lb,
+        env: &[
+            ("GEARBOX_PEER_SECRET", PEER_SECRET),
+            ("GEARBOX_REPLICA", "3"),
+        ],
+        ..Opts::default()
+    })
+    .await;
+    (a, b, port)
+}
+
+/// A client of the stateless revision (no MCP session) talking to one replica.
+async fn stateless_client(url: String) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
+    use rmcp::ClientServiceExt;
+    let mut cfg = StreamableHttpClientTransportConfig::with_uri(url);
+    cfg.auth_header = Some(ALICE.to_string());
+    ().serve_with_lifecycle(
+        StreamableHttpClientTransport::from_config(cfg),
+        rmcp::ClientLifecycleMode::Discover {
+            preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+        },
+    )
+    .await
+    .expect("server/discover")
+}
+
+/// Issue 22 point 5: an MCP session opened on replica A keeps working when its requests land
+/// on B (B forwards them to A); a live session opened through A runs its cells through B;
+/// a forged peer header is refused and the peers' secret opens no door the API key does not;
+/// when A is gone, B says so (404 for the MCP session, so the client re-initialises).
+#[tokio::test]
+async fn sessions_work_from_any_replica_of_a_fleet() {
+    let dir = TempDir::new("fleet");
+    let (mut a, b, port) = two_replicas(&dir).await;
+
+    // 1. A real rmcp client: `initialize` reaches A, every later request B.
+    let resolver = Arc::new(FirstThenOther {
+        first: [127, 0, 0, 2].into(),
+        then: [127, 0, 0, 3].into(),
+        asked: Default::default(),
+    });
+    let http_client = reqwest::Client::builder()
+        .dns_resolver(resolver.clone())
+        .pool_max_idle_per_host(0)
+        .no_proxy()
+        .build()
+        .expect("client");
+    let mut cfg =
+        StreamableHttpClientTransportConfig::with_uri(format!("http://gearbox:{port}/mcp"));
+    cfg.auth_header = Some(ALICE.to_string());
+    let c =
+        ().serve(StreamableHttpClientTransport::with_client(http_client, cfg))
+            .await
+            .expect("initialize on A");
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"language": "python", "code": "print(6 * 7)"}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "42\n", "{}", text(&r));
+    let asked = resolver.asked.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(asked >= 2, "every request went to A ({asked} lookups)");
+    // The run happened on A, the session's owner; B only forwarded it.
+    let runs = |d: &Daemon| {
+        d.audit_lines()
+            .iter()
+            .filter(|l| l["event"] == "execution")
+            .count()
+    };
+    assert_eq!(
+        (runs(&a), runs(&b)),
+        (1, 0),
+        "A:\n{}\nB:\n{}",
+        a.stderr(),
+        b.stderr()
+    );
+
+    // 2. A live session opened through A; its cells run through B and keep their state.
+    let on_a = stateless_client(a.url("/mcp")).await;
+    let on_b = stateless_client(b.url("/mcp")).await;
+    let r = call(
+        &on_a,
+        "exec_open",
+        json!({"stateful": true, "language": "python"}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let live = structured(&r)["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    assert!(live.starts_with("2."), "{live}");
+    for (code, want) in [("x = 41", ""), ("print(x + 1)", "42\n")] {
+        let r = call(
+            &on_b,
+            "exec_run",
+            json!({"session_id": live, "language": "python", "code": code}),
+        )
+        .await;
+        assert_ne!(r.is_error, Some(true), "{}", text(&r));
+        assert_eq!(structured(&r)["stdout"], want, "{}", text(&r));
+    }
+    // A file session too: a file written through A is read through B.
+    let r = call(&on_a, "exec_open", json!({})).await;
+    let files = structured(&r)["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string();
+    let r = call(
+        &on_a,
+        "exec_run",
+        json!({"session_id": files, "language": "python", "code": "open('n.txt', 'w').write('7')"}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let r = call(
+        &on_b,
+        "exec_run",
+        json!({"session_id": files, "language": "python", "code": "print(open('n.txt').read())"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["stdout"], "7\n", "{}", text(&r));
+    // The same file as a resource, read through B.
+    let read = on_b
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(format!(
+            "gearbox://sessions/{files}/files/n.txt"
+        )))
+        .await
+        .expect("resources/read through B");
+    match &read.contents[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, .. } => assert_eq!(text, "7"),
+        other => panic!("{other:?}"),
+    }
+    // Another tenant is still told the session does not exist, through B as through A.
+    let r = mcp_post(&b.url("/mcp"))
+        .bearer_auth(BOB)
+        .header("mcp-protocol-version", "2026-07-28")
+        .json(&json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+            "name": "exec_run", "arguments": {"session_id": live, "language": "python", "code": "print(x)"}}}))
+        .send()
+        .await
+        .expect("post");
+    let body = r.text().await.expect("body");
+    assert!(!body.contains("41"), "{body}");
+
+    // 3. A forged peer header is refused; the right secret does not replace the API key.
+    let raw = raw_session(&a, ALICE).await;
+    assert!(raw.starts_with("2."), "{raw}");
+    let r = mcp_post(&b.url("/mcp"))
+        .bearer_auth(ALICE)
+        .header("mcp-session-id", &raw)
+        .header("x-gearbox-peer", "not-the-peers-secret-at-all")
+        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.expect("body").contains("x-gearbox-peer"));
+    let r = mcp_post(&a.url("/mcp"))
+        .header("mcp-session-id", &raw)
+        .header("x-gearbox-peer", PEER_SECRET)
+        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 401, "the secret without a key");
+    // The same raw session through B (forwarded with the secret) answers.
+    let r = mcp_post(&b.url("/mcp"))
+        .bearer_auth(ALICE)
+        .header("mcp-session-id", &raw)
+        .header("mcp-protocol-version", "2025-03-26")
+        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 200);
+    let body = r.text().await.expect("body");
+    assert!(
+        rpc_result(&body, 2).is_some_and(|v| v["result"]["tools"].is_array()),
+        "{body}"
+    );
+
+    // 4. A is gone: B answers 404 for its MCP session and 502 for its gearbox session.
+    a.child.kill().await.expect("kill A");
+    let r = mcp_post(&b.url("/mcp"))
+        .bearer_auth(ALICE)
+        .header("mcp-session-id", &raw)
+        .header("mcp-protocol-version", "2025-03-26")
+        .json(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 404);
+    let body = r.text().await.expect("body");
+    assert!(
+        body.contains("replica 2") && body.contains("initialize"),
+        "{body}"
+    );
+    let r = mcp_post(&b.url("/mcp"))
+        .bearer_auth(ALICE)
+        .header("mcp-protocol-version", "2026-07-28")
+        .json(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+            "name": "exec_run", "arguments": {"session_id": live, "language": "python", "code": "print(x)"}}}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 502);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("replica 2"), "{body}");
+    // B itself still serves.
+    let r = call(
+        &on_b,
+        "execute_code",
+        json!({"language": "python", "code": "print('b')"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["stdout"], "b\n", "{}", text(&r));
+    let _ = (&dir, &b.dir);
 }
