@@ -23,7 +23,7 @@ pub enum Network {
     Off,
     /// Any public host, any port (`network: true`).
     Any,
-    /// Only hosts matching one of these patterns (`network: ["pypi.org", ...]`).
+    /// Only hosts matching one of these patterns (`network: ["data.example.org", ...]`).
     Hosts(Vec<HostPattern>),
 }
 
@@ -72,7 +72,7 @@ impl Network {
         }
     }
 
-    /// For messages: `any public host` or `pypi.org, *.example.com:8443`.
+    /// For messages: `any public host` or `data.example.org, *.example.com:8443`.
     pub fn describe(&self) -> String {
         match self {
             Network::Off => "no network".into(),
@@ -318,7 +318,7 @@ mod tests {
     #[test]
     fn patterns_parse_and_print_back() {
         for s in [
-            "pypi.org",
+            "data.example.org",
             "*.githubusercontent.com",
             "api.example.com:8443",
             "*",
@@ -328,7 +328,7 @@ mod tests {
         ] {
             assert_eq!(p(s).to_string(), s);
         }
-        assert_eq!(p("PyPI.org").to_string(), "pypi.org");
+        assert_eq!(p("Data.Example.org").to_string(), "data.example.org");
         for bad in [
             "",
             "a b",
@@ -349,11 +349,11 @@ mod tests {
 
     #[test]
     fn matching_follows_host_wildcard_and_port() {
-        assert!(p("pypi.org").matches("pypi.org", 443));
-        assert!(p("pypi.org").matches("PYPI.ORG.", 80));
-        assert!(!p("pypi.org").matches("pypi.org", 8080));
-        assert!(!p("pypi.org").matches("evil-pypi.org", 443));
-        assert!(!p("pypi.org").matches("pypi.org.evil.com", 443));
+        assert!(p("data.example.org").matches("data.example.org", 443));
+        assert!(p("data.example.org").matches("DATA.EXAMPLE.ORG.", 80));
+        assert!(!p("data.example.org").matches("data.example.org", 8080));
+        assert!(!p("data.example.org").matches("evil-data.example.org", 443));
+        assert!(!p("data.example.org").matches("data.example.org.evil.com", 443));
         assert!(p("*.example.com").matches("a.b.example.com", 443));
         assert!(!p("*.example.com").matches("example.com", 443));
         assert!(!p("*.example.com").matches("badexample.com", 443));
@@ -366,9 +366,9 @@ mod tests {
 
     #[test]
     fn caps_cover_what_they_should() {
-        let cap = Network::hosts(&["*.example.com", "pypi.org"]).expect("patterns");
+        let cap = Network::hosts(&["*.example.com", "data.example.org"]).expect("patterns");
         assert!(
-            Network::hosts(&["a.example.com", "pypi.org"])
+            Network::hosts(&["a.example.com", "data.example.org"])
                 .expect("patterns")
                 .within(&cap)
                 .is_ok()
@@ -390,7 +390,7 @@ mod tests {
         assert!(Network::Any.within(&cap).is_err());
         assert!(Network::Any.within(&Network::Any).is_ok());
         assert!(
-            Network::hosts(&["pypi.org:22"])
+            Network::hosts(&["data.example.org:22"])
                 .expect("patterns")
                 .within(&cap)
                 .is_err()

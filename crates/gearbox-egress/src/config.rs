@@ -27,7 +27,7 @@ pub struct NetworkConfig {
     /// "10.20.0.5" }`); the address is still checked against the ranges above.
     pub hosts: BTreeMap<String, IpAddr>,
     /// The most a run may be granted under `user_confirmed`: a list of host patterns
-    /// (`["pypi.org", "*.pythonhosted.org"]`) a call's list must stay within, or absent:
+    /// (`["data.example.org", "*.cdn.example.org"]`) a call's list must stay within, or absent:
     /// any host (`network: true`). `restricted` never grants network.
     pub user_confirmed: Option<Vec<String>>,
     /// The most a run may be granted under `full_trust` (as `user_confirmed`).

@@ -294,7 +294,7 @@ pub fn request_hash(req: &ExecRequest, caps: &BTreeSet<Capability>) -> String {
     for p in &req.packages {
         field("package", p.as_bytes());
     }
-    // The exact grant asked for: approving `pypi.org` is not approving any host.
+    // The exact grant asked for: approving `data.example.org` is not approving any host.
     for p in req.network.patterns() {
         field("network", p.as_bytes());
     }

@@ -108,7 +108,7 @@ pub struct ExecuteCodeArgs {
     )]
     pub max_output_kb: Option<u64>,
     /// Network for this run: `true` (any public host), or the hosts the code needs
-    /// (`["pypi.org", "*.pythonhosted.org", "api.example.com:8443"]`; without a port, 80 and
+    /// (`["data.example.org", "*.cdn.example.org", "api.example.com:8443"]`; without a port, 80 and
     /// 443). Traffic goes through the server's egress proxy (`HTTP_PROXY`/`HTTPS_PROXY` are
     /// set); the host's loopback and private networks are never reachable. The safety gear
     /// decides: `restricted` refuses, `user_confirmed` asks a human with the exact list,

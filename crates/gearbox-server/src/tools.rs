@@ -70,7 +70,7 @@ of a stored snippet. The program runs with /work as its working directory (your 
 nothing persists between calls. Returns stdout, stderr, exit status and timing; \
 the call is an error when the program fails, times out or is refused. \
 The server's safety gear governs capabilities: when the code needs the network, pass \
-`network` with the hosts it needs (e.g. [\"pypi.org\"]) or `true` for any public host (it goes \
+`network` with the hosts it needs (e.g. [\"data.example.org\"]) or `true` for any public host (it goes \
 through the server's egress proxy; HTTP_PROXY is set); depending on the gear the call is refused (with the analysis findings, so you can \
 rewrite the code), run, or put to a human (`status: pending_approval` with an \
 `operation_id`: once approved, call again with the same arguments plus `operation_id`, or \

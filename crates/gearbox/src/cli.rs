@@ -180,7 +180,7 @@ struct RunArgs {
     #[arg(long)]
     gear: Option<Gear>,
     /// Ask for network for this run (the gear decides): `--network` alone for any public
-    /// host, or `--network=pypi.org,*.pythonhosted.org` for those hosts only (a port with
+    /// host, or `--network=data.example.org,*.cdn.example.org` for those hosts only (a port with
     /// `host:port`; without one, 80 and 443). Traffic goes through gearbox's egress proxy.
     #[arg(long, value_name = "HOSTS", num_args = 0..=1, require_equals = true, default_missing_value = "*any*")]
     network: Option<String>,

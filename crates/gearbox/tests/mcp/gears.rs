@@ -869,12 +869,12 @@ async fn http_approvals_need_an_approver_key() {
 async fn a_network_list_is_asked_about_exactly_bound_and_capped() {
     let cap = "[network]\nfull_trust = [\"*.example.com\"]\n";
     let s = start_configured("user_confirmed", cap).await;
-    let args = json!({"language": "python", "code": "print(1)", "network": ["pypi.org", "*.pythonhosted.org"]});
+    let args = json!({"language": "python", "code": "print(1)", "network": ["pkgs.example.org", "*.pkgsfiles.example.org"]});
     let r = call(&s, "execute_code", args.clone()).await;
     let v = structured(&r).clone();
     assert_eq!(v["status"], "pending_approval", "{v}");
     assert!(
-        text(&r).contains("pypi.org, *.pythonhosted.org"),
+        text(&r).contains("pkgs.example.org, *.pkgsfiles.example.org"),
         "{}",
         text(&r)
     );
@@ -885,7 +885,11 @@ async fn a_network_list_is_asked_about_exactly_bound_and_capped() {
     let (ok, out) = decide(&s.config, "approve", &id, None);
     assert!(ok, "{out}");
     let mut wider = args.clone();
-    wider["network"] = json!(["pypi.org", "*.pythonhosted.org", "evil.example"]);
+    wider["network"] = json!([
+        "pkgs.example.org",
+        "*.pkgsfiles.example.org",
+        "evil.example"
+    ]);
     wider["operation_id"] = json!(id);
     let r = call(&s, "execute_code", wider).await;
     assert_eq!(
@@ -900,13 +904,13 @@ async fn a_network_list_is_asked_about_exactly_bound_and_capped() {
     assert_eq!(v["status"], "ok", "{v}");
     assert_eq!(
         v["egress"]["granted"],
-        json!(["pypi.org", "*.pythonhosted.org"]),
+        json!(["pkgs.example.org", "*.pkgsfiles.example.org"]),
         "{v}"
     );
 
     let f = start_configured("full_trust", cap).await;
     for (network, want) in [
-        (json!(["pypi.org"]), "denied"),
+        (json!(["pkgs.example.org"]), "denied"),
         (json!(true), "denied"),
         (json!(["a.example.com", "*.b.example.com"]), "ok"),
     ] {
