@@ -76,6 +76,56 @@ pub fn is_runs_uri(uri: &str) -> bool {
     uri.starts_with(RUNS_PREFIX)
 }
 
+/// Whether `id` names a run whose outputs `tenant` may read (kept, not expired, its own).
+pub fn owns(id: &str, tenant: &str) -> bool {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return false;
+    }
+    let mut kept = store().lock().unwrap_or_else(|p| p.into_inner());
+    kept.retain(|k| k.at.elapsed() < TTL);
+    let prefix = format!("{RUNS_PREFIX}{id}/");
+    kept.iter().any(|k| {
+        k.owner == tenant
+            && k.files
+                .iter()
+                .any(|f| f.uri.as_deref().is_some_and(|u| u.starts_with(&prefix)))
+    })
+}
+
+/// At most `max` bytes from `offset` of output `path` (`outputs/…`) of run `id`: its URI,
+/// the file's whole size, the bytes. An unknown path is an error naming the run's outputs.
+pub fn read_page(
+    id: &str,
+    tenant: &str,
+    path: &str,
+    offset: u64,
+    max: u64,
+) -> Result<(String, u64, Vec<u8>), String> {
+    let kept = store().lock().unwrap_or_else(|p| p.into_inner());
+    let prefix = format!("{RUNS_PREFIX}{id}/");
+    let files: Vec<&OutputFile> = kept
+        .iter()
+        .filter(|k| k.owner == tenant && k.at.elapsed() < TTL)
+        .flat_map(|k| &k.files)
+        .filter(|f| f.uri.as_deref().is_some_and(|u| u.starts_with(&prefix)))
+        .collect();
+    let Some(file) = files.iter().find(|f| f.path == path) else {
+        let names: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        return Err(format!(
+            "no output {path:?} in run {id}; its outputs: {}",
+            names.join(", ")
+        ));
+    };
+    let size = file.content.len() as u64;
+    let start = usize::try_from(offset.min(size)).unwrap_or(usize::MAX);
+    let end = usize::try_from(offset.saturating_add(max).min(size)).unwrap_or(usize::MAX);
+    Ok((
+        file.uri.clone().unwrap_or_default(),
+        size,
+        file.content[start..end].to_vec(),
+    ))
+}
+
 /// `resources/read` of a run's output: the bytes, as text when they are UTF-8 and as a
 /// base64 blob otherwise, with the MIME type guessed from the name. Another tenant's, an
 /// expired or an unknown one is "not found", alike.
@@ -148,5 +198,33 @@ mod tests {
         let other = a.replace("a.csv", "../a.csv");
         assert!(read_resource(&other, "alice").is_err());
         assert!(read_resource("gearbox://runs/x/outputs/a.csv", "alice").is_err());
+    }
+
+    #[test]
+    fn a_runs_outputs_are_read_in_pages_by_their_owner() {
+        let mut o = outcome(&[("outputs/long.txt", b"0123456789")]);
+        keep("carol", &mut o);
+        let uri = o.outputs[0].uri.clone().expect("uri");
+        let id = uri
+            .strip_prefix(RUNS_PREFIX)
+            .and_then(|r| r.split('/').next())
+            .expect("id")
+            .to_string();
+        assert!(owns(&id, "carol"));
+        assert!(!owns(&id, "dave"), "another tenant's run is unknown");
+        assert!(!owns(&format!("{id}/outputs"), "carol"), "an id is an id");
+        assert!(!owns("", "carol"));
+        let (u, size, bytes) = read_page(&id, "carol", "outputs/long.txt", 4, 3).expect("page");
+        assert_eq!(
+            (u.as_str(), size, bytes.as_slice()),
+            (uri.as_str(), 10, &b"456"[..])
+        );
+        let (_, _, tail) = read_page(&id, "carol", "outputs/long.txt", 8, 100).expect("tail");
+        assert_eq!(tail, b"89");
+        let (_, _, none) = read_page(&id, "carol", "outputs/long.txt", 99, 5).expect("past end");
+        assert!(none.is_empty());
+        let e = read_page(&id, "carol", "outputs/other.txt", 0, 5).expect_err("unknown path");
+        assert!(e.contains("outputs/long.txt"), "{e}");
+        assert!(read_page(&id, "dave", "outputs/long.txt", 0, 5).is_err());
     }
 }

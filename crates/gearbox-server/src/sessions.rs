@@ -89,9 +89,11 @@ pub struct ExecCloseArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecGetArtifactArgs {
-    /// The session holding the file.
+    /// The session holding the file, or the id of a run without a session whose outputs it
+    /// is (the `{id}` of the run's `gearbox://runs/{id}/outputs/…` links).
     pub session_id: String,
-    /// Path of the file relative to the workspace (`/work`), as listed in `files_changed`.
+    /// Path of the file relative to the workspace (`/work`), as listed in `files_changed`
+    /// (or `outputs/…`, as in a run's `outputs`).
     pub path: String,
     /// Byte offset to start from (default 0); use `next_offset` of the previous page.
     pub offset: Option<u64>,
@@ -447,6 +449,7 @@ pub async fn answer(
         },
         _ => match parse::<ExecGetArtifactArgs>(args) {
             Err(e) => tool_error(e),
+            Ok(a) if crate::runs::owns(&a.session_id, tenant) => run_artifact(tenant, &a),
             Ok(a) => match SessionId::parse("session_id", &a.session_id)
                 .map_err(|e| e.to_string())
                 .and_then(|id| store.check_owner(&id, tenant).map_err(|e| e.to_string()))
@@ -660,6 +663,31 @@ fn get_artifact(store: &SessionStore, a: ExecGetArtifactArgs) -> CallToolRespons
     artifact_result(Ok((id, art)))
 }
 
+/// A page of one of the outputs a run without a session kept (`a.session_id` is the run's
+/// id, the `{id}` of its `gearbox://runs/{id}/outputs/…` links).
+fn run_artifact(tenant: &str, a: &ExecGetArtifactArgs) -> CallToolResponse {
+    let max = a.max_bytes.unwrap_or(DEFAULT_ARTIFACT_BYTES);
+    if max == 0 || max > MAX_ARTIFACT_BYTES {
+        return tool_error(format!(
+            "max_bytes: {max} is out of range 1..={MAX_ARTIFACT_BYTES}"
+        ));
+    }
+    let offset = a.offset.unwrap_or(0);
+    match crate::runs::read_page(&a.session_id, tenant, &a.path, offset, max) {
+        Err(e) => tool_error(e),
+        Ok((uri, size, content)) => page_result(
+            a.session_id.clone(),
+            uri,
+            gearbox_sessions::Artifact {
+                path: a.path.clone(),
+                size,
+                offset: offset.min(size),
+                content,
+            },
+        ),
+    }
+}
+
 /// A page of a live session's file (`None`: not a live session).
 async fn live_artifact(
     a: &ExecGetArtifactArgs,
@@ -686,22 +714,26 @@ async fn live_artifact(
     }))
 }
 
-/// The answer of `exec_get_artifact` for a page read.
+/// The answer of `exec_get_artifact` for a page read of a session's file.
 fn artifact_result(
     read: Result<(SessionId, gearbox_sessions::Artifact), String>,
 ) -> CallToolResponse {
-    let (id, art) = match read {
-        Ok(x) => x,
-        Err(e) => return tool_error(e),
-    };
-    let uri = file_uri(&id, &art.path);
+    match read {
+        Ok((id, art)) => page_result(id.to_string(), file_uri(&id, &art.path), art),
+        Err(e) => tool_error(e),
+    }
+}
+
+/// The answer of `exec_get_artifact` for a page of `art`, a file of session (or run) `id`
+/// known as `uri`.
+fn page_result(id: String, uri: String, art: gearbox_sessions::Artifact) -> CallToolResponse {
     let (text, used) = utf8_prefix(&art.content);
     let binary = text.is_none();
     let length = if binary { art.content.len() } else { used };
     let next = art.offset + length as u64;
     let more = next < art.size;
     let mut value = json!({
-        "session_id": id.to_string(),
+        "session_id": id,
         "path": art.path,
         "uri": uri,
         "size": art.size,

@@ -232,6 +232,39 @@ async fn a_stateless_runs_outputs_are_linked_and_read() {
             "{uri} was read"
         );
     }
+    // exec_get_artifact reads them too, by the run's id, in pages.
+    let id = csv
+        .0
+        .strip_prefix("gearbox://runs/")
+        .and_then(|r| r.split('/').next())
+        .expect("the run's id");
+    let r = call(
+        &s,
+        "exec_get_artifact",
+        json!({"session_id": id, "path": "outputs/a.csv", "offset": 4, "max_bytes": 3}),
+    )
+    .await;
+    let v = structured(&r);
+    assert_eq!(
+        (&v["content"], &v["size"], &v["next_offset"], &v["uri"]),
+        (&json!("1,2"), &json!(8), &json!(7), &json!(csv.0)),
+        "{v}"
+    );
+    let r = call(
+        &s,
+        "exec_get_artifact",
+        json!({"session_id": id, "path": "outputs/sub/b.png"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["encoding"], "base64", "{}", text(&r));
+    let r = call(
+        &s,
+        "exec_get_artifact",
+        json!({"session_id": id, "path": "outputs/passwd"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("outputs/a.csv"), "{}", text(&r));
 }
 
 #[tokio::test]
