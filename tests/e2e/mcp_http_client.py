@@ -308,6 +308,13 @@ async def connect(d: Daemon, bearer: str):
                 yield s
 
 
+def raw_client(**kw) -> httpx2.AsyncClient:
+    """A plain HTTP client for raw requests, one connection per request: a pooled keep-alive
+    connection the server closes as it is reused would fail a request for no fault of either
+    side (seen once on a loaded machine)."""
+    return httpx2.AsyncClient(timeout=120, limits=httpx2.Limits(max_keepalive_connections=0), **kw)
+
+
 def text_of(r) -> str:
     return "".join(getattr(c, "text", "") for c in r.content)
 
@@ -334,7 +341,7 @@ async def read_error(s: ClientSession, uri: str) -> str:
 async def metrics_until(d: Daemon, needle: str) -> str:
     """Poll /metrics until it has `needle` (a bound on waiting, not on speed)."""
     deadline = time.monotonic() + 120
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=60) as h:
+    async with raw_client(headers={"Authorization": f"Bearer {ALICE}"}) as h:
         while True:
             m = (await h.get(f"{d.base}/metrics")).text
             if needle in m or time.monotonic() > deadline:
@@ -446,7 +453,7 @@ async def approvals(gearbox: str) -> None:
             check("approvals: alice's network run is pending_approval",
                   sc_of(r).get("status") == "pending_approval" and op, str(sc_of(r)))
             fake = other_id(op)
-            async with httpx2.AsyncClient(timeout=60) as h:
+            async with raw_client() as h:
                 def auth(k):
                     return {"Authorization": f"Bearer {k}"}
                 a = (await h.get(f"{d.base}/approvals", headers=auth(ALICE))).json()
@@ -488,7 +495,7 @@ async def quotas(gearbox: str) -> None:
         "[quotas.tenants.bob]\nruns_per_minute = 3\n"))
     try:
         async with connect(d, ALICE) as alice, connect(d, BOB) as bob, \
-                httpx2.AsyncClient(timeout=120) as h:
+                raw_client() as h:
             # Long enough that the probes run while one is running and one waits, even on a loaded machine.
             slow = {"language": "bash", "code": "sleep 6; echo slow"}
 
@@ -688,7 +695,7 @@ async def oauth(gearbox: str) -> None:
         f'gear = "full_trust"\n[http.oauth]\nissuer = "{issuer.url}"\naudience = "{aud}"\n'
         "jwks_refetch_secs = 0\n"))
     try:
-        async with httpx2.AsyncClient(timeout=60) as h:
+        async with raw_client() as h:
             m = (await h.get(f"{d.base}/.well-known/oauth-protected-resource")).json()
             check("oauth: protected resource metadata names the audience and the issuer",
                   m.get("resource") == aud and m.get("authorization_servers") == [issuer.url]
