@@ -12,5 +12,6 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check 'mcp>=1.10'
+# cryptography: the OAuth checks of mcp_http_client.py sign ES256 tokens with PyJWT (an mcp dependency).
+.venv/bin/pip install --quiet --disable-pip-version-check 'mcp>=1.10' cryptography
 .venv/bin/python -c 'import mcp, importlib.metadata as m; print("setup-e2e: mcp", m.version("mcp"))'
