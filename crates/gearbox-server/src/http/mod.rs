@@ -264,6 +264,18 @@ fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Re
     r
 }
 
+/// Middleware: a `DELETE` that ended an MCP session answers 200, as the official SDKs'
+/// servers do (their clients treat anything but 200 and 204 as a failed termination); the
+/// transport's own answer is 202.
+async fn session_deleted_ok(req: Request<Body>, next: Next) -> Response {
+    let delete = req.method() == axum::http::Method::DELETE;
+    let mut response = next.run(req).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::OK;
+    }
+    response
+}
+
 /// Middleware: when no run slot or queue place is free, answer a `tools/call` POST with 503
 /// and `Retry-After` before the transport accepts it; when the caller's tenant is over a
 /// quota that bounds runs (its runs at once and waiting, runs per minute, CPU per hour),
@@ -433,6 +445,7 @@ pub fn app(state: AppState) -> Router {
     };
     let mcp_routes = Router::new()
         .route_service("/mcp", any_service(mcp))
+        .layer(middleware::from_fn(session_deleted_ok))
         .layer(middleware::from_fn_with_state(state.clone(), shed_load))
         .layer(middleware::from_fn(transport_layer("http")))
         // After the key check, before load shedding: the owner sheds its own load.

@@ -202,6 +202,29 @@ async fn raw_session(d: &Daemon, key: &str) -> String {
     sid
 }
 
+/// Ending an MCP session with `DELETE` answers 200 (as the official SDKs' servers do), and
+/// the session is gone afterwards: a call on it is refused.
+#[tokio::test]
+async fn deleting_a_session_answers_200_and_ends_it() {
+    let d = Daemon::start(Opts::default()).await;
+    let sid = raw_session(&d, ALICE).await;
+    let delete = |sid: String| {
+        http()
+            .delete(d.url("/mcp"))
+            .bearer_auth(ALICE)
+            .header("mcp-session-id", sid)
+            .header("mcp-protocol-version", "2025-03-26")
+            .send()
+    };
+    let r = delete(sid.clone()).await.expect("delete");
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let (status, _, body) = raw_call(&d, ALICE, &sid, 7, "echo gone").await;
+    assert!(
+        (400..500).contains(&status) && !body.contains("gone\\n"),
+        "{status} {body}"
+    );
+}
+
 /// The JSON-RPC message with `id` in an SSE or JSON response body.
 fn rpc_result(body: &str, id: i64) -> Option<Value> {
     let candidates: Vec<Value> = if body.trim_start().starts_with('{') {
