@@ -1,5 +1,12 @@
 """End-to-end test of `gearbox serve` with the official MCP Python SDK over stdio.
 
+Then issue 21's checks (shared with mcp_http_client.py, which runs them over Streamable HTTP):
+a figure comes back as an `image` whose PNG has the figure's size; a large one is downscaled
+inline and its `resource_link` reads back full size; a pandas DataFrame persists between live
+cells (matplotlib and pandas from `packages`, one layer installed into a temporary cache); a
+live session over its memory dies with the reason and another is untouched; two live sessions
+share nothing; an idle live session expires and nothing of it is left.
+
 Set up once with scripts/setup-e2e.sh, build gearbox, then:
 
     .venv/bin/python tests/e2e/mcp_client.py [--gearbox target/debug/gearbox]
@@ -12,8 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
+import base64
+import glob
 import json
 import os
+import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -50,18 +62,22 @@ def processes_with(marker: str) -> list[int]:
 
 
 class Server:
-    """`gearbox serve` with a snippets dir and the given extra arguments."""
+    """`gearbox serve` with a snippets dir and the given extra arguments. `config` is added to
+    its configuration file (top-level keys first, then tables); `@TMP@` in it is the server's
+    temp dir (e.g. for its sessions dir)."""
 
-    def __init__(self, gearbox: str, *args: str, elicitation_callback=None):
+    def __init__(self, gearbox: str, *args: str, elicitation_callback=None, config: str = ""):
         self.elicitation_callback = elicitation_callback
         self.tmp = tempfile.TemporaryDirectory(prefix="gearbox-e2e-")
         snippets = Path(self.tmp.name) / "snippets"
         snippets.mkdir()
         (snippets / "hello.py").write_text("print('hello from a snippet')\n")
-        config = Path(self.tmp.name) / "gearbox.toml"
-        config.write_text(f"snippets_dir = {json.dumps(str(snippets))}\n")
+        self.config = Path(self.tmp.name) / "gearbox.toml"
+        self.config.write_text(
+            f"snippets_dir = {json.dumps(str(snippets))}\n" + config.replace("@TMP@", self.tmp.name)
+        )
         self.params = StdioServerParameters(
-            command=gearbox, args=["--config", str(config), "serve", *args]
+            command=gearbox, args=["--config", str(self.config), "serve", *args]
         )
         self.progress: list[tuple[float, float | None, str | None]] = []
 
@@ -74,9 +90,130 @@ class Server:
         return session
 
     async def __aexit__(self, *exc):
-        await self._session.__aexit__(*exc)
-        await self._stdio.__aexit__(*exc)
-        self.tmp.cleanup()
+        # The server is stopped (and its temp dir removed) even when the session's exit raises:
+        # a server left running would keep this script from ever ending.
+        try:
+            await self._session.__aexit__(*exc)
+        finally:
+            try:
+                await self._stdio.__aexit__(*exc)
+            finally:
+                self.tmp.cleanup()
+
+    def pid(self) -> int | None:
+        """The `gearbox serve` process (our child, its config file on its command line)."""
+        for p in processes_with(str(self.config)):
+            try:
+                stat = Path(f"/proc/{p}/stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    return p
+            except (OSError, ValueError, IndexError):
+                continue
+        return None
+
+
+def descendants(pid: int) -> set[int]:
+    """Processes below `pid` (its children, theirs, ...), from every process's parent in /proc."""
+    children: dict[int, list[int]] = {}
+    for p in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(p))
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = set(), list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def gearbox_cgroups(pids: set[int]) -> set[str]:
+    """The host directories of the gearbox cgroups the processes `pids` are in, and the run
+    cgroups they made (`run-{pid}-…`), as tests/e2e/mcp_http_client.py finds them."""
+    found: set[str] = set()
+    for p in pids:
+        try:
+            lines = Path(f"/proc/{p}/cgroup").read_text().splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            path = line.split(":", 2)[-1]
+            if path.startswith("/gearbox/"):
+                found.update(glob.glob(f"/sys/fs/cgroup/*{path}") + glob.glob(f"/sys/fs/cgroup{path}"))
+        found.update(glob.glob(f"/sys/fs/cgroup/*/gearbox/run-{p}-*"))
+        found.update(glob.glob(f"/sys/fs/cgroup/gearbox/run-{p}-*"))
+    return found
+
+
+async def gone_within(pids: set[int], cgroups: set[str], seconds: float) -> tuple[list, list]:
+    """Wait until none of `pids` runs and none of `cgroups` exists; what is left at the end."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = sorted(p for p in pids if os.path.exists(f"/proc/{p}"))
+        held = sorted(c for c in cgroups if os.path.exists(c))
+        if (not left and not held) or time.monotonic() > deadline:
+            return left, held
+        await asyncio.sleep(0.1)
+
+
+def png_size(data: bytes) -> tuple[int, int] | None:
+    """Width and height from a PNG's IHDR (big-endian u32 at bytes 16..24); None if not a PNG."""
+    if not data.startswith(b"\x89PNG\r\n\x1a\n") or data[12:16] != b"IHDR":
+        return None
+    return struct.unpack(">II", data[16:24])
+
+
+def images(result) -> list[tuple[str, bytes]]:
+    """The `image` contents of a tool result: (MIME type, decoded bytes)."""
+    return [
+        (c.mime_type, base64.b64decode(c.data))
+        for c in result.content
+        if getattr(c, "type", "") == "image"
+    ]
+
+
+def links(result) -> list:
+    """The `resource_link` contents of a tool result."""
+    return [c for c in result.content if getattr(c, "type", "") == "resource_link"]
+
+
+async def read_bytes(s: ClientSession, uri: str) -> tuple[bytes, str | None]:
+    """resources/read of `uri`: its bytes (blob or text) and MIME type."""
+    c = (await s.read_resource(uri)).contents[0]
+    if getattr(c, "blob", None) is not None:
+        return base64.b64decode(c.blob), c.mime_type
+    return c.text.encode(), c.mime_type
+
+
+# matplotlib and pandas from `packages`: one layer, installed once per run of this script into
+# a cache of its own (outside /tmp, walkable by the sandbox user), removed at exit.
+# GEARBOX_E2E_PACKAGE_CACHE names a cache to use and keep instead (to rerun without installing).
+PACKAGES = ["matplotlib", "pandas"]
+_CACHE: list[str] = []
+
+
+def package_cache() -> str:
+    if not _CACHE and os.environ.get("GEARBOX_E2E_PACKAGE_CACHE"):
+        _CACHE.append(os.environ["GEARBOX_E2E_PACKAGE_CACHE"])
+    if not _CACHE:
+        cache = f"/var/tmp/gearbox-e2e-packages-{os.getpid()}"
+        shutil.rmtree(cache, ignore_errors=True)
+        os.makedirs(cache)
+        os.chmod(cache, 0o755)
+        atexit.register(shutil.rmtree, cache, True)
+        _CACHE.append(cache)
+    return _CACHE[0]
+
+
+def rich_config() -> str:
+    """full_trust (packages at exec_open need it), room for matplotlib, the package cache."""
+    return (
+        'gear = "full_trust"\npool = {}\n[limits]\ntimeout_ms = 120000\nmemory_mb = 1024\n'
+        '[sessions]\ndir = "@TMP@/sessions"\n'
+        f"[packages]\ncache_dir = {json.dumps(package_cache())}\ninstall_timeout_ms = 600000\n"
+    )
 
 
 async def languages_and_layout(gearbox: str) -> None:
@@ -395,6 +532,225 @@ async def live_sessions(gearbox: str) -> None:
         check("live session: closed", not r.is_error, text_of(r))
 
 
+# Issue 21's checks. Each takes a connected `ClientSession` and the `check` to record with, so
+# tests/e2e/mcp_http_client.py runs the same ones over Streamable HTTP; `label` starts every
+# check's name there.
+
+async def pictures_checks(s: ClientSession, check=check, label: str = "") -> None:
+    """Pictures as `image` contents, and a large one downscaled inline and linked full size
+    (stateless execute_code, matplotlib from `packages`). Needs rich_config()'s server."""
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots(figsize=(4, 3), dpi=100)\n"
+        "ax.plot([1, 2, 3], [1, 4, 9])\n"
+    )
+    r = await s.call_tool("execute_code", {"language": "python", "code": code, "packages": PACKAGES})
+    pngs = images(r)
+    check(
+        f"{label}pictures: a figure left open comes back as one image/png content",
+        not r.is_error and [m for m, _ in pngs] == ["image/png"],
+        text_of(r)[-600:],
+    )
+    size = png_size(pngs[0][1]) if pngs else None
+    check(f"{label}pictures: its PNG decodes to 400x300 (IHDR)", size == (400, 300), str(size))
+
+    code = "import matplotlib.pyplot as plt\nplt.figure(figsize=(40, 30), dpi=100)\nplt.plot(range(10))\n"
+    r = await s.call_tool("execute_code", {"language": "python", "code": code, "packages": PACKAGES})
+    pngs = images(r)
+    size = png_size(pngs[0][1]) if len(pngs) == 1 else None
+    check(
+        f"{label}pictures: a 4000x3000 figure comes back inline downscaled (long side 1024, 4:3, <= 256 KiB)",
+        not r.is_error
+        and size is not None
+        and max(size) == 1024
+        and abs(size[0] * 3 - size[1] * 4) <= 8
+        and len(pngs[0][1]) <= 256 * 1024,
+        f"{size} {[len(b) for _, b in pngs]} {text_of(r)[-400:]}",
+    )
+    full = [l for l in links(r) if l.description == "the full-size picture"]
+    check(
+        f"{label}pictures: a resource_link to the full-size PNG",
+        len(full) == 1
+        and str(full[0].uri).startswith("gearbox://runs/")
+        and full[0].mime_type == "image/png",
+        str(links(r)),
+    )
+    if full:
+        data, mime = await read_bytes(s, str(full[0].uri))
+        check(
+            f"{label}pictures: resources/read of the link is the full 4000x3000 PNG",
+            mime == "image/png" and png_size(data) == (4000, 3000),
+            f"{mime} {png_size(data)} {len(data)} bytes",
+        )
+
+
+async def live_cell(s: ClientSession, sid: str, code: str, timeout_ms: int = 10000) -> dict:
+    """Run `code` as the next cell of live session `sid`; the structured outcome."""
+    r = await s.call_tool(
+        "exec_run", {"session_id": sid, "language": "python", "code": code, "timeout_ms": timeout_ms}
+    )
+    return r.structured_content or {}
+
+
+async def open_live(s: ClientSession, **extra) -> tuple[str, str]:
+    """exec_open of a live Python session: its id ("" when refused) and the result's text."""
+    r = await s.call_tool("exec_open", {"stateful": True, "language": "python", **extra})
+    sid = "" if r.is_error else (r.structured_content or {}).get("session_id", "")
+    return sid, text_of(r)[:300]
+
+
+async def live_pandas_checks(s: ClientSession, check=check, label: str = "") -> None:
+    """A pandas DataFrame built in one live cell is used in the next (pandas given at open).
+    Needs rich_config()'s server."""
+    sid, opened = await open_live(s, packages=PACKAGES)
+    check(f"{label}live pandas: opened with packages", sid, opened)
+    sc = await live_cell(
+        s, sid, "import pandas as pd\ndf = pd.DataFrame({'n': range(1000)})\ndf['sq'] = df['n'] ** 2", 60000
+    )
+    check(f"{label}live pandas: a DataFrame built in one cell", sc.get("status") == "ok", str(sc)[:400])
+    sc = await live_cell(s, sid, "(type(df).__name__, int(df['sq'].sum()))", 60000)
+    check(
+        f"{label}live pandas: the DataFrame is used in the next cell",
+        sc.get("result") == "('DataFrame', 332833500)",
+        str(sc)[:400],
+    )
+    await s.call_tool("exec_close", {"session_id": sid})
+
+
+async def live_memory_checks(s: ClientSession, server: int | None, check=check, label: str = "") -> None:
+    """A live session over its memory dies with the reason, the next call says so, its
+    processes are gone, and another live session beside it is untouched. Needs a server with
+    `[limits] memory_mb = 128`; `server` is its pid."""
+    before = descendants(server) if server else set()
+    hog, t1 = await open_live(s)
+    hog_procs = (descendants(server) - before) if server else set()
+    other, t2 = await open_live(s)
+    check(f"{label}live memory: two sessions opened", hog and other, f"{t1} {t2}")
+    await live_cell(s, other, "mine = 'untouched'")
+    sc = await live_cell(s, hog, "b = []\nwhile True:\n    b.append(bytearray(16 << 20))", 20000)
+    check(
+        f"{label}live memory: the cell over the limit is killed, the reason names memory",
+        sc.get("status") == "killed" and "memory" in (sc.get("reason") or ""),
+        str(sc)[:400],
+    )
+    sc = await live_cell(s, hog, "1")
+    reason = sc.get("reason") or ""
+    check(
+        f"{label}live memory: the next call says the session has ended, and why (memory)",
+        sc.get("status") == "killed" and "has ended" in reason and "memory" in reason,
+        str(sc)[:400],
+    )
+    left, _ = await gone_within(hog_procs, set(), 10)
+    check(
+        f"{label}live memory: the dead session's processes are gone",
+        server is not None and hog_procs and not left,
+        f"server={server} procs={hog_procs} left={left}",
+    )
+    sc = await live_cell(s, other, "mine")
+    check(
+        f"{label}live memory: the session beside it is untouched",
+        sc.get("status") == "ok" and sc.get("result") == "'untouched'",
+        str(sc)[:400],
+    )
+    for sid in (hog, other):
+        await s.call_tool("exec_close", {"session_id": sid})
+
+
+async def live_isolation_checks(s: ClientSession, check=check, label: str = "") -> None:
+    """Two live sessions see neither each other's variables nor files (/work, /tmp)."""
+    (a, t1), (b, t2) = await open_live(s), await open_live(s)
+    check(f"{label}live isolation: two sessions opened", a and b, f"{t1} {t2}")
+    listing = "sorted(os.listdir('/work')) + sorted(os.listdir('/tmp'))"
+    sc = await live_cell(
+        s,
+        a,
+        "import os\nsecret = 'A-only'\nopen('/work/a.txt', 'w').write('A')\n"
+        "open('/tmp/a.tmp', 'w').write('A')\n" + listing,
+    )
+    result = sc.get("result") or ""
+    check(
+        f"{label}live isolation: session A wrote its variable and files",
+        sc.get("status") == "ok" and "'a.txt'" in result and "'a.tmp'" in result,
+        str(sc)[:400],
+    )
+    sc = await live_cell(s, b, "secret")
+    check(
+        f"{label}live isolation: session B does not see A's variable",
+        sc.get("status") == "error" and "NameError" in (sc.get("reason") or "") + (sc.get("stderr") or ""),
+        str(sc)[:400],
+    )
+    sc = await live_cell(s, b, "import os\n" + listing)
+    check(
+        f"{label}live isolation: session B sees none of A's files (/work, /tmp)",
+        sc.get("status") == "ok" and sc.get("result") == "[]",
+        str(sc)[:400],
+    )
+    await live_cell(s, b, "secret = 'B-only'\nopen('/work/b.txt', 'w').write('B')")
+    sc = await live_cell(s, a, f"(secret, {listing})")
+    check(
+        f"{label}live isolation: A keeps its own and sees nothing of B's",
+        sc.get("result") == "('A-only', ['a.txt', 'a.tmp'])",
+        str(sc)[:400],
+    )
+    for sid in (a, b):
+        await s.call_tool("exec_close", {"session_id": sid})
+
+
+async def live_expiry_checks(s: ClientSession, server: int | None, check=check, label: str = "") -> None:
+    """An idle live session expires after the TTL: none of its processes (nor, as root, its
+    cgroup) is left, and the next call says it does not exist. Needs a server with
+    `[sessions] ttl_secs = 2`; `server` is its pid."""
+    before = descendants(server) if server else set()
+    sid, opened = await open_live(s)
+    sc = await live_cell(s, sid, "1 + 1")
+    last_use = time.monotonic()
+    procs = (descendants(server) - before) if server else set()
+    cgroups = gearbox_cgroups(procs) if os.geteuid() == 0 else set()
+    check(
+        f"{label}idle expiry: the live session runs, with its own processes",
+        sc.get("result") == "2" and procs,
+        f"server={server} procs={procs} {opened} {str(sc)[:300]}",
+    )
+    if os.geteuid() == 0:
+        check(f"{label}idle expiry: its sandbox has a cgroup", bool(cgroups), str(procs))
+    left, held = await gone_within(procs, cgroups, 30)
+    idle = time.monotonic() - last_use
+    check(
+        f"{label}idle expiry: past the TTL (2 s) its processes and cgroup are gone",
+        procs and not left and not held and idle >= 2,
+        f"left={left} cgroups={held} after {idle:.1f} s",
+    )
+    r = await s.call_tool("exec_run", {"session_id": sid, "language": "python", "code": "1"})
+    check(
+        f"{label}idle expiry: the next call says the session does not exist (expired)",
+        r.is_error and "does not exist" in text_of(r) and "expired" in text_of(r),
+        text_of(r)[:300],
+    )
+
+
+MEMORY_CONFIG = 'pool = {}\n[limits]\nmemory_mb = 128\n[sessions]\ndir = "@TMP@/sessions"\n'
+EXPIRY_CONFIG = 'pool = {}\n[sessions]\ndir = "@TMP@/sessions"\nttl_secs = 2\n'
+
+
+async def rich_outputs(gearbox: str) -> None:
+    async with Server(gearbox, "--profile", "sessions", config=rich_config()) as s:
+        await pictures_checks(s)
+        await live_pandas_checks(s)
+
+
+async def live_memory_and_isolation(gearbox: str) -> None:
+    srv = Server(gearbox, "--profile", "sessions", config=MEMORY_CONFIG)
+    async with srv as s:
+        await live_memory_checks(s, srv.pid())
+        await live_isolation_checks(s)
+
+
+async def live_idle_expiry(gearbox: str) -> None:
+    srv = Server(gearbox, "--profile", "sessions", config=EXPIRY_CONFIG)
+    async with srv as s:
+        await live_expiry_checks(s, srv.pid())
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gearbox", default=str(ROOT / "target" / "debug" / "gearbox"))
@@ -407,6 +763,9 @@ async def main() -> int:
         profiles,
         gears_and_elicitation,
         live_sessions,
+        rich_outputs,
+        live_memory_and_isolation,
+        live_idle_expiry,
     ]
     if not opts.skip_cancel:
         groups.append(concurrency_and_cancel)

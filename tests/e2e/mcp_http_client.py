@@ -8,7 +8,8 @@ or touch alice's sessions, live sessions, run outputs or pending approvals, by l
 with Retry-After) and reset; a key capped at `restricted` never gets `full_trust`; one tenant's
 flood does not hold back another's single call; OAuth tokens minted here by a local issuer
 (P-256 key, JWKS on loopback): valid, expired, wrong audience, wrong issuer, unknown key,
-missing scope, rotated key.
+missing scope, rotated key. And issue 21's checks of mcp_client.py (pictures, a large one
+linked full size, live sessions: a DataFrame between cells, memory, isolation, idle expiry).
 
 Set up once with scripts/setup-e2e.sh, build gearbox, then:
 
@@ -47,6 +48,8 @@ from mcp.client.sse import sse_client
 from mcp.shared.exceptions import MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+
+import mcp_client as e2e  # issue 21's checks, shared with the stdio script (same directory)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS: list[tuple[str, bool, str]] = []
@@ -286,6 +289,37 @@ async def live_over_http(gearbox: str) -> None:
         cgroups = [c for c in held if os.path.exists(c)]
         check("live over HTTP: its sandbox and cgroup are gone after SIGTERM", not left and not cgroups,
               f"{left} {cgroups}")
+
+
+async def issue21_over_http(gearbox: str) -> None:
+    """Issue 21's checks of tests/e2e/mcp_client.py over Streamable HTTP, a daemon for each
+    configuration: pictures and a large one linked full size, a DataFrame kept between live
+    cells (matplotlib and pandas from `packages`); a live session over its memory, and two
+    that share nothing; an idle live session that expires with nothing of it left."""
+    label = "over HTTP: "
+
+    async def rich(s: ClientSession, pid: int) -> None:
+        await e2e.pictures_checks(s, check, label)
+        await e2e.live_pandas_checks(s, check, label)
+
+    async def memory(s: ClientSession, pid: int) -> None:
+        await e2e.live_memory_checks(s, pid, check, label)
+        await e2e.live_isolation_checks(s, check, label)
+
+    async def expiry(s: ClientSession, pid: int) -> None:
+        await e2e.live_expiry_checks(s, pid, check, label)
+
+    for config, run in (
+        (e2e.rich_config(), rich),
+        (e2e.MEMORY_CONFIG, memory),
+        (e2e.EXPIRY_CONFIG, expiry),
+    ):
+        d = Daemon(gearbox, f"e2e:{KEY}", "--profile", "sessions", config=config)
+        try:
+            async with connect(d, KEY) as s:
+                await run(s, d.proc.pid)
+        finally:
+            d.stop()
 
 
 def children(pid: int) -> list[int]:
@@ -796,7 +830,8 @@ async def main() -> int:
         await high_level_client(opts.gearbox)
     except Exception as e:
         check("high_level_client completed", False, repr(e))
-    for group in (live_over_http, tenants, approvals, quotas, capped, fairness, oauth):
+    for group in (live_over_http, issue21_over_http, tenants, approvals, quotas, capped, fairness,
+                  oauth):
         try:
             await group(opts.gearbox)
         except Exception as e:  # a crash in a group is one failure, the others still run
