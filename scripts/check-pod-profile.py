@@ -136,7 +136,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gearbox", required=True, type=Path)
     args = ap.parse_args()
-    gearbox = args.gearbox.resolve()
+    gearbox = Path("/tmp/prog/gearbox")
     if os.geteuid() != 0 or not shutil.which("runc") or not shutil.which("unshare"):
         print("check-pod-profile: needs root, runc and unshare")
         sys.exit(1)
@@ -151,6 +151,10 @@ def main():
     for fname, (_, code, _) in PROGRAMS.items():
         (work / "prog" / fname).write_text(code)
         os.chmod(work / "prog" / fname, 0o644)
+    # The binary goes in with the programs: the container's user (a mapped, unprivileged id)
+    # may not reach the build's directory (under a home that is 0700, say).
+    shutil.copy2(args.gearbox.resolve(), work / "prog" / "gearbox")
+    os.chmod(work / "prog" / "gearbox", 0o755)
     (work / "prog" / "serve.py").write_text(SERVE_CLIENT)
     os.chmod(work / "prog" / "serve.py", 0o644)
     os.chmod(work / "prog", 0o755)

@@ -107,7 +107,76 @@ pub struct AppState {
     pub sse_sessions: Arc<sse::Sessions>,
     /// This replica's name and its peers (none for a single server).
     pub fleet: Arc<fleet::Fleet>,
+    /// MCP POSTs whose response is still being written (a tool call's answer among them).
+    pub responding: Arc<Responding>,
     probe: Arc<Mutex<Option<Probe>>>,
+}
+
+/// Counts MCP POSTs from their arrival until their response body has been sent or dropped,
+/// so that shutdown ends the sessions only after the last running call's answer went out
+/// (a run's slot is freed before its answer is written).
+#[derive(Default)]
+pub struct Responding {
+    open: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Held for one POST; dropped with its response body.
+struct RespondingGuard(Arc<Responding>);
+
+impl Drop for RespondingGuard {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Responding {
+    fn enter(self: &Arc<Self>) -> RespondingGuard {
+        self.open.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        RespondingGuard(self.clone())
+    }
+
+    /// POSTs still answering now.
+    pub fn open(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Wait up to `limit` for every POST to have been answered; true if they all were.
+    pub async fn drained(&self, limit: Duration) -> bool {
+        let wait = async {
+            loop {
+                let idle = self.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                if self.open() == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
+    }
+}
+
+/// Track a POST until its response body is done (see [`Responding`]).
+async fn track_responses(
+    State(responding): State<Arc<Responding>>,
+    req: Request<Body>,
+    next: Next,
+) -> Response {
+    if req.method() != axum::http::Method::POST {
+        return next.run(req).await;
+    }
+    let guard = responding.enter();
+    let resp = next.run(req).await;
+    resp.map(|body| {
+        Body::from_stream(futures::StreamExt::map(body.into_data_stream(), move |chunk| {
+            let _held = &guard;
+            chunk
+        }))
+    })
 }
 
 /// When the backend was last probed, and what it said.
@@ -123,6 +192,7 @@ impl AppState {
             shutdown: CancellationToken::new(),
             sse_sessions: Arc::new(sse::Sessions::default()),
             fleet: Arc::new(fleet::Fleet::default()),
+            responding: Arc::new(Responding::default()),
             probe: Arc::new(Mutex::new(None)),
         }
     }
@@ -452,6 +522,10 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.fleet.clone(),
             fleet::route,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.responding.clone(),
+            track_responses,
         ));
     let sse_routes = Router::new()
         .route("/sse", get(sse::open))
@@ -575,6 +649,14 @@ pub async fn serve(
     let grace = Duration::from_millis(cfg.shutdown_grace_ms);
     if limiter.drained(grace).await {
         tracing::info!("every running call finished");
+        // A run's slot is freed before its answer is written: let the answers go out
+        // before the sessions end.
+        if !state.responding.drained(SHUTDOWN_TAIL).await {
+            tracing::warn!(
+                responding = state.responding.open(),
+                "answers still being written; ending the sessions"
+            );
+        }
     } else {
         tracing::warn!(
             running = limiter.running(),
