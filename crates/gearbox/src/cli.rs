@@ -729,7 +729,10 @@ fn doctor(engine: Engine, json: bool) -> Result<ExitCode> {
     if pool.is_empty() {
         println!("warm pool (gearbox serve): off");
     } else {
-        let sizes: Vec<String> = pool.iter().map(|(l, n)| format!("{l} {n}")).collect();
+        let sizes: Vec<String> = pool
+            .iter()
+            .map(|(l, n)| format!("{l} {}..{}", n.min, n.max))
+            .collect();
         println!(
             "warm pool (gearbox serve): {} (live sizes, hits and refill times: /metrics)",
             sizes.join(", ")
