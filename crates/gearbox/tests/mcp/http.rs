@@ -2109,3 +2109,116 @@ async fn sessions_work_from_any_replica_of_a_fleet() {
     assert_eq!(structured(&r)["stdout"], "b\n", "{}", text(&r));
     let _ = (&dir, &b.dir);
 }
+
+/// Every process below `root`, with its command line.
+fn descendants(root: u32) -> Vec<(u32, String)> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent.insert(pid, ppid);
+        }
+    }
+    let below = |mut pid: u32| {
+        while let Some(&p) = parent.get(&pid) {
+            if p == root {
+                return true;
+            }
+            if p <= 1 {
+                return false;
+            }
+            pid = p;
+        }
+        false
+    };
+    let mut out: Vec<(u32, String)> = parent
+        .keys()
+        .copied()
+        .filter(|&pid| below(pid))
+        .map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            (pid, String::from_utf8_lossy(&cmd).replace('\0', " "))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Poll `/metrics` until it has every one of `needles`; the text. (A bound on waiting, not
+/// on speed.)
+async fn metrics_until_all(d: &Daemon, needles: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = d.metrics().await;
+        if needles.iter().all(|n| m.contains(n)) {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all of {needles:?} in\n{m}\n{}",
+            d.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 23, light at rest: with `[pool] python = 1, idle_secs = 1` the warm Python sandbox
+/// (and its fork server) is there at start; a second without calls drops it, leaving no
+/// process of it; a call after that is still answered, and the pool is then back to one.
+#[tokio::test]
+async fn an_idle_pool_rests_and_comes_back_after_a_call() {
+    let d = Daemon::start(Opts {
+        config: "[pool]\npython = 1\nidle_secs = 1\n",
+        ..Opts::default()
+    })
+    .await;
+    let pid = d.child.id().expect("pid");
+    let ready = |n: u32| format!("gearbox_pool_ready{{language=\"python\",network=\"false\"}} {n}");
+    let servers =
+        |n: u32| format!("gearbox_pool_fork_servers{{language=\"python\",network=\"false\"}} {n}");
+    let m = metrics_until_all(&d, &[&ready(1)]).await;
+    assert!(
+        m.contains("gearbox_pool_min{language=\"python\",network=\"false\"} 1"),
+        "{m}"
+    );
+    assert!(
+        !descendants(pid).is_empty(),
+        "a warm sandbox is a process of the server"
+    );
+    let client = d.client(Some(ALICE)).await;
+    let args = json!({"language": "python", "code": "print(6*7)"});
+    let r = call(&client, "execute_code", args.clone()).await;
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    assert!(text(&r).contains("42"), "{}", text(&r));
+
+    // At rest: nothing ready, no fork server, and no process left below the server.
+    metrics_until_all(&d, &[&ready(0), &servers(0)]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !descendants(pid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind at rest: {:?}\n{}",
+            descendants(pid),
+            d.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(d.stderr().contains("warm pool at rest"), "{}", d.stderr());
+
+    // Woken by a call, which is answered; the pool refills once it is over.
+    let r = call(&client, "execute_code", args.clone()).await;
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    assert!(text(&r).contains("42"), "{}", text(&r));
+    metrics_until_all(&d, &[&ready(1)]).await;
+    client.cancel().await.expect("close");
+}
