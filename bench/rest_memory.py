@@ -8,7 +8,7 @@ Starts `gearbox serve` over stdio (default config unless --config), waits for th
 settle, and sums PSS (/proc/PID/smaps_rollup; needs root to read the sandboxes' processes)
 over the server and every descendant, grouped by process kind. Three points: at rest after
 start, right after a burst of --burst `execute_code` calls per language (python, javascript,
-bash), and after --idle seconds without calls (the pool's `idle_secs` plus margin).
+bash; 8 in flight, so the pool grows), and after --idle seconds without calls (the pool's `idle_secs` plus margin).
 Prints one table per point. Standard library only.
 """
 import argparse
@@ -104,6 +104,30 @@ class Client:
             if r.get("id") == self.id:
                 return r
 
+    def burst(self, calls, in_flight=8):
+        """`calls` tools/call params, `in_flight` sent before any answer is read (a burst that
+        outruns the pool and makes it grow); the error answers."""
+        bad, todo = [], list(calls)
+        while todo:
+            ids = set()
+            for params in todo[:in_flight]:
+                self.id += 1
+                ids.add(self.id)
+                msg = {"jsonrpc": "2.0", "id": self.id, "method": "tools/call", "params": params}
+                self.p.stdin.write((json.dumps(msg) + "\n").encode())
+            self.p.stdin.flush()
+            todo = todo[in_flight:]
+            while ids:
+                line = self.p.stdout.readline()
+                if not line:
+                    raise SystemExit("server exited")
+                r = json.loads(line)
+                if r.get("id") in ids:
+                    ids.discard(r["id"])
+                    if "error" in r or r.get("result", {}).get("isError"):
+                        bad.append(r)
+        return bad
+
     def notify(self, method):
         self.p.stdin.write((json.dumps({"jsonrpc": "2.0", "method": method}) + "\n").encode())
         self.p.stdin.flush()
@@ -138,11 +162,13 @@ def main():
     settle(root)
     print(f"gearbox: {a.gearbox}  config: {a.config or 'default'}  load: {open('/proc/loadavg').read().split()[:3]}")
     table("at rest after start", root)
-    for _ in range(a.burst):
-        for lang, code in CODE.items():
-            r = c.call("tools/call", {"name": "execute_code", "arguments": {"language": lang, "code": code}})
-            if r.get("result", {}).get("isError"):
-                print(f"{lang} failed: {r}", file=sys.stderr)
+    calls = [
+        {"name": "execute_code", "arguments": {"language": lang, "code": code}}
+        for _ in range(a.burst)
+        for lang, code in CODE.items()
+    ]
+    for r in c.burst(calls):
+        print(f"failed: {r}", file=sys.stderr)
     settle(root)
     table(f"after a burst of {a.burst} calls per language", root)
     time.sleep(a.idle)

@@ -678,7 +678,8 @@ pub struct PoolConfig {
     /// Seconds a fork server serves before a fresh one replaces it. Default 600.
     pub fork_server_max_age_secs: u64,
     /// Seconds without a call of a language after which its warm sandboxes above the minimum
-    /// are dropped (and, with a minimum of 0, its fork server stopped). Default 60; 0: never.
+    /// are dropped (and, with a minimum of 0, its fork server stopped). Default 60; 0: never;
+    /// at most 86400.
     pub idle_secs: u64,
     /// Memory the warm sandboxes of all languages may take together, in MiB: the pool holds
     /// at most this divided by the estimated cost of one warm sandbox
@@ -692,6 +693,8 @@ pub struct PoolConfig {
 
 /// Most warm sandboxes one language may grow to.
 pub const POOL_MAX_PER_LANGUAGE: usize = gearbox_sandbox::MAX_PER_KEY;
+/// The longest `[pool] idle_secs` (a day); longer is surely a typo, 0 means never.
+pub const POOL_MAX_IDLE_SECS: u64 = 86_400;
 /// What one warm sandbox is estimated to cost (PSS of its processes, MiB; bench/rest_memory.py).
 pub const WARM_SANDBOX_MB: u64 = 8;
 
@@ -754,7 +757,8 @@ struct RawPoolConfig {
     /// Seconds a fork server serves before a fresh one replaces it. Default 600.
     fork_server_max_age_secs: Option<u64>,
     /// Seconds without a call of a language after which its warm sandboxes above the minimum
-    /// are dropped (and, with a minimum of 0, its fork server stopped). Default 60; 0: never.
+    /// are dropped (and, with a minimum of 0, its fork server stopped). Default 60; 0: never;
+    /// at most 86400.
     idle_secs: Option<u64>,
     /// Memory the warm sandboxes of all languages may take together, in MiB. Default 64.
     memory_budget_mb: Option<u64>,
@@ -857,6 +861,13 @@ impl PoolConfig {
                 ));
             }
         }
+        if self.idle_secs > POOL_MAX_IDLE_SECS {
+            return Err(format!(
+                "[pool] idle_secs ({}) is above {POOL_MAX_IDLE_SECS} (a day); give 0 to never \
+                 shrink",
+                self.idle_secs
+            ));
+        }
         let minima: usize = self.languages.values().map(|s| s.min).sum();
         if minima > self.budget_sandboxes() {
             return Err(format!(
@@ -924,7 +935,7 @@ mod tests {
             (5, 9)
         );
         assert!(parse("pool = {}\n").languages.is_empty());
-        assert_eq!(PoolConfig::default().idle_secs, 300);
+        assert_eq!(PoolConfig::default().idle_secs, 60);
         let idle = parse("[pool]\nidle_secs = 1\n");
         assert_eq!(idle.languages, PoolConfig::default().languages);
         assert_eq!(idle.idle(), Some(std::time::Duration::from_secs(1)));

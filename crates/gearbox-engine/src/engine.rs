@@ -100,8 +100,9 @@ impl Engine {
     }
 
     /// Fill the warm pool as configured (once; needs a tokio runtime, so it also happens on
-    /// the first execution of an engine built outside one).
-    fn start_pool(&self) {
+    /// the first execution of an engine built outside one). A server calls it as it starts,
+    /// so that its first call finds a warm sandbox.
+    pub fn start_pool(&self) {
         self.pool_started.call_once(|| {
             if self.config.backend != BackendKind::Linux {
                 return;

@@ -62,7 +62,8 @@ impl Sandbox for LinuxSandbox {
             let Some(warm) = pool.take_or_wait(&job).await else {
                 return run_helper(helper, Mode::Linux, job).await;
             };
-            let result = match warm {
+            // `_refill` drops after this tail expression: the key refills once the run ends.
+            match warm {
                 Warm::Helper(warm) => run_warm(warm, job).await.map(|(o, _)| o),
                 Warm::Granted(warm, dir) => match dir.adopt(&mut job) {
                     Ok(()) => {
@@ -79,8 +80,7 @@ impl Sandbox for LinuxSandbox {
                     }
                 },
                 Warm::Forked(slot) => slot.run(job).await.map(|(o, _)| o),
-            };
-            result
+            }
         })
     }
     /// A collecting run always starts cold: the warm pool's sandboxes are built without it.

@@ -19,12 +19,12 @@
 //! interpreter's hash seed, is thus shared by a bounded number of runs).
 //!
 //! Elastic: a key keeps `min` warm sandboxes and grows by one per miss up to `max`. A key
-//! none of whose runs came for the idle time ([`WarmPool::set_idle`]) is put at rest: it
-//! drops all its warm sandboxes (each removing its cgroup), stops its fork server and keeps
-//! nothing until a run comes again. That run starts cold (it is not a miss that raises the
-//! target), and once it is over the key refills to `min` (at least one), off the request
-//! path. All keys together hold at most [`WarmPool::set_max_total`] warm sandboxes, ready or
-//! being built.
+//! none of whose runs came for the idle time ([`WarmPool::set_idle`]) shrinks back to `min`:
+//! what misses added is dropped (each removing its cgroup). A key whose `min` is 0 is then
+//! put at rest: it keeps nothing and its fork server is stopped until a run comes again.
+//! That run starts cold (it is not a miss that raises the target), and once it is over the
+//! key refills to one, off the request path. All keys together hold at most
+//! [`WarmPool::set_max_total`] warm sandboxes, ready or being built.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -396,8 +396,9 @@ impl WarmPool {
         });
     }
 
-    /// Put every key idle for the idle time at rest: drop all its warm sandboxes (each
-    /// removing its cgroup) and stop its fork server.
+    /// Shrink every key idle for the idle time to its minimum: drop its warm sandboxes above
+    /// it (each removing its cgroup); a key whose minimum is 0 is put at rest, and its fork
+    /// server stopped.
     async fn rest_idle(&self) {
         let ms = self.idle_ms.load(Ordering::Relaxed);
         if ms == 0 || self.stopped.load(Ordering::Relaxed) {
@@ -410,20 +411,32 @@ impl WarmPool {
             if pool.resting || pool.last_used.elapsed() < idle {
                 continue;
             }
-            pool.resting = true;
-            pool.target = 0;
-            if !pool.ready.is_empty() {
+            pool.target = pool.min;
+            let extra = pool.ready.len().saturating_sub(pool.min);
+            // A key that never held anything (a granted-run key nobody used) rests quietly.
+            if extra > 0
+                || (pool.min == 0 && (pool.fork_server.is_some() || !pool.ready.is_empty()))
+            {
                 tracing::info!(
                     language = %pool.template.language,
                     network = pool.egress_root.is_some(),
-                    warm = pool.ready.len(),
-                    "warm pool at rest"
+                    dropped = extra,
+                    kept = pool.ready.len() - extra,
+                    "warm pool idle: shrunk to its minimum{}",
+                    if pool.min == 0 { ", at rest" } else { "" }
                 );
             }
-            dropped.extend(pool.ready.drain(..));
-            rested.push(k.clone());
+            dropped.extend(pool.ready.drain(pool.ready.len() - extra..));
+            if pool.min == 0 {
+                pool.resting = true;
+                rested.push(k.clone());
+            }
         }
         if rested.is_empty() {
+            if !dropped.is_empty() {
+                let helpers = close(dropped);
+                tokio::spawn(wait_for(helpers, Instant::now() + Duration::from_secs(5)));
+            }
             return;
         }
         // Slots first: a fork server is stopped once nothing of it is left.
@@ -532,8 +545,8 @@ impl WarmPool {
             }
             pool.last_used = Instant::now();
             if pool.resting {
-                // Woken: this run starts cold, and the key refills to its configured size
-                // once the run is over ([`WarmPool::refill`]), not competing with it.
+                // Woken: nothing is ready for this run; the key builds one again (its fork
+                // server first), which this run may still take if it is ready in time.
                 pool.resting = false;
                 pool.target = pool.min.max(1).min(pool.max);
                 if count_miss {

@@ -351,7 +351,7 @@ fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
         return String::new();
     }
     let mut out = String::new();
-    let series: [PoolSeries; 10] = [
+    let series: [PoolSeries; 11] = [
         (
             "gearbox_pool_ready",
             "gauge",
@@ -381,6 +381,12 @@ fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
             "gauge",
             "Warm sandboxes the pool may grow to under demand ([pool] max).",
             |s| s.max as f64,
+        ),
+        (
+            "gearbox_pool_resting",
+            "gauge",
+            "1 while the language is at rest: idle with a minimum of 0, nothing kept.",
+            |s| f64::from(u8::from(s.resting)),
         ),
         (
             "gearbox_pool_fork_servers",
@@ -532,6 +538,7 @@ mod tests {
             "gearbox_pool_min{language=\"python\",network=\"false\"} 1",
             "gearbox_pool_max{language=\"python\",network=\"false\"} 4",
             "gearbox_pool_fork_servers{language=\"python\",network=\"false\"} 1",
+            "gearbox_pool_resting{language=\"python\",network=\"false\"} 0",
             "gearbox_pool_hits_total{language=\"python\",network=\"false\"} 5",
             "gearbox_pool_misses_total{language=\"python\",network=\"false\"} 1",
             "gearbox_pool_refill_seconds{language=\"python\",network=\"false\"} 0.0125",
