@@ -56,12 +56,16 @@ pub struct Config {
     /// The audit log: one JSON line per execution.
     pub audit: AuditConfig,
     /// Warm pool of the `linux` backend: sandboxes kept built and waiting, per language
-    /// (count). A run whose language, environment and limits match the defaults takes one
-    /// (Python and JavaScript interpreters are already started); others start cold. The pool
-    /// grows on misses up to 8 per language. Default `{ python = 1, javascript = 1,
-    /// bash = 1 }`; `{}` disables it. `gearbox run` never uses it. Also how long a fork
-    /// server may serve before a fresh one replaces it (`fork_server_max_runs`,
-    /// `fork_server_max_age_secs`).
+    /// (`python = { min = 1, max = 4 }`, or `python = 1`: min 1, max 8). A run whose
+    /// language, environment and limits match the defaults takes one (Python and JavaScript
+    /// interpreters are already started); others start cold. The pool grows on misses up to
+    /// `max` per language and shrinks back to `min` after `idle_secs` without a call
+    /// (default 60; 0: never); a language with `min = 0` then also stops its fork server.
+    /// All languages together hold at most `memory_budget_mb` worth of warm sandboxes
+    /// (default 64) and never more than `[concurrency]` lets run and wait. Default
+    /// `{ python = 1, javascript = 1, bash = 1 }`; `{}` disables it. `gearbox run` never
+    /// uses it. Also how long a fork server may serve before a fresh one replaces it
+    /// (`fork_server_max_runs`, `fork_server_max_age_secs`).
     pub pool: PoolConfig,
     /// The `docker` backend: engine address, and per language the image (which must exist:
     /// gearbox never pulls), command (`{entrypoint}` replaced) and workdir. Default: the
@@ -662,7 +666,8 @@ impl Default for Config {
     }
 }
 
-/// `[pool]`: warm sandboxes per language, and the life of a fork server.
+/// `[pool]`: warm sandboxes per language, how the pool grows and shrinks, its budget, and the
+/// life of a fork server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(from = "RawPoolConfig")]
 pub struct PoolConfig {
@@ -672,14 +677,77 @@ pub struct PoolConfig {
     pub fork_server_max_runs: u64,
     /// Seconds a fork server serves before a fresh one replaces it. Default 600.
     pub fork_server_max_age_secs: u64,
-    /// Warm sandboxes per language (`python = 2`).
+    /// Seconds without a call of a language after which its warm sandboxes above the minimum
+    /// are dropped (and, with a minimum of 0, its fork server stopped). Default 60; 0: never;
+    /// at most 86400.
+    pub idle_secs: u64,
+    /// Memory the warm sandboxes of all languages may take together, in MiB: the pool holds
+    /// at most this divided by the estimated cost of one warm sandbox
+    /// ([`WARM_SANDBOX_MB`]). Default 64.
+    pub memory_budget_mb: u64,
+    /// Warm sandboxes per language: `python = { min = 1, max = 4 }`, or `python = 2` (min 2,
+    /// max [`POOL_MAX_PER_LANGUAGE`]).
     #[serde(flatten)]
-    pub languages: BTreeMap<String, usize>,
+    pub languages: BTreeMap<String, PoolSize>,
+}
+
+/// Most warm sandboxes one language may grow to.
+pub const POOL_MAX_PER_LANGUAGE: usize = gearbox_sandbox::MAX_PER_KEY;
+/// The longest `[pool] idle_secs` (a day); longer is surely a typo, 0 means never.
+pub const POOL_MAX_IDLE_SECS: u64 = 86_400;
+/// What one warm sandbox is estimated to cost (PSS of its processes, MiB; bench/rest_memory.py).
+pub const WARM_SANDBOX_MB: u64 = 8;
+
+/// How many warm sandboxes one language keeps: `min` at rest, up to `max` under demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(from = "RawPoolSize")]
+pub struct PoolSize {
+    /// Kept warm at rest (0: none, and no fork server once idle).
+    pub min: usize,
+    /// Grown to while calls find the pool empty.
+    pub max: usize,
+}
+
+impl From<usize> for PoolSize {
+    /// `python = 2`: two at rest, growing under demand up to the per-language cap.
+    fn from(min: usize) -> PoolSize {
+        PoolSize {
+            min,
+            max: min.max(POOL_MAX_PER_LANGUAGE),
+        }
+    }
+}
+
+/// A language's pool size as written: a count, or a table with `min` and/or `max`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(untagged)]
+enum RawPoolSize {
+    Count(usize),
+    Range {
+        /// Kept warm at rest. Default 0.
+        min: Option<usize>,
+        /// Grown to under demand. Default: `min`, at least 1.
+        max: Option<usize>,
+    },
+}
+
+impl From<RawPoolSize> for PoolSize {
+    fn from(raw: RawPoolSize) -> PoolSize {
+        match raw {
+            RawPoolSize::Count(n) => PoolSize::from(n),
+            RawPoolSize::Range { min, max } => {
+                let min = min.unwrap_or(0);
+                PoolSize {
+                    min,
+                    max: max.unwrap_or(min.max(1)),
+                }
+            }
+        }
+    }
 }
 
 /// `[pool]` as written: languages listed replace the default ones; a table that sets only
-/// the fork servers' life keeps the default languages; an empty one (`pool = {}`) turns the
-/// pool off.
+/// other keys keeps the default languages; an empty one (`pool = {}`) turns the pool off.
 #[derive(Deserialize, JsonSchema)]
 struct RawPoolConfig {
     /// Runs one fork server serves before a fresh one replaces it (off the request path).
@@ -688,17 +756,25 @@ struct RawPoolConfig {
     fork_server_max_runs: Option<u64>,
     /// Seconds a fork server serves before a fresh one replaces it. Default 600.
     fork_server_max_age_secs: Option<u64>,
-    /// Warm sandboxes per language (`python = 2`). Default `python = 1, javascript = 1,
-    /// bash = 1`.
+    /// Seconds without a call of a language after which its warm sandboxes above the minimum
+    /// are dropped (and, with a minimum of 0, its fork server stopped). Default 60; 0: never;
+    /// at most 86400.
+    idle_secs: Option<u64>,
+    /// Memory the warm sandboxes of all languages may take together, in MiB. Default 64.
+    memory_budget_mb: Option<u64>,
+    /// Warm sandboxes per language: `python = { min = 1, max = 4 }`, or `python = 2` (min 2,
+    /// max 8). Default `python = 1, javascript = 1, bash = 1`.
     #[serde(flatten)]
-    languages: BTreeMap<String, usize>,
+    languages: BTreeMap<String, PoolSize>,
 }
 
 impl From<RawPoolConfig> for PoolConfig {
     fn from(raw: RawPoolConfig) -> Self {
         let default = PoolConfig::default();
-        let life_only =
-            raw.fork_server_max_runs.is_some() || raw.fork_server_max_age_secs.is_some();
+        let others_only = raw.fork_server_max_runs.is_some()
+            || raw.fork_server_max_age_secs.is_some()
+            || raw.idle_secs.is_some()
+            || raw.memory_budget_mb.is_some();
         PoolConfig {
             fork_server_max_runs: raw
                 .fork_server_max_runs
@@ -706,7 +782,9 @@ impl From<RawPoolConfig> for PoolConfig {
             fork_server_max_age_secs: raw
                 .fork_server_max_age_secs
                 .unwrap_or(default.fork_server_max_age_secs),
-            languages: if raw.languages.is_empty() && life_only {
+            idle_secs: raw.idle_secs.unwrap_or(default.idle_secs),
+            memory_budget_mb: raw.memory_budget_mb.unwrap_or(default.memory_budget_mb),
+            languages: if raw.languages.is_empty() && others_only {
                 default.languages
             } else {
                 raw.languages
@@ -720,21 +798,85 @@ impl Default for PoolConfig {
         PoolConfig {
             fork_server_max_runs: 1000,
             fork_server_max_age_secs: 600,
+            idle_secs: 60,
+            memory_budget_mb: 64,
             languages: [("python", 1), ("javascript", 1), ("bash", 1)]
                 .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
+                .map(|(k, v)| (k.to_string(), PoolSize::from(v)))
                 .collect(),
         }
     }
 }
 
 impl PoolConfig {
-    /// The default fork-server life with exactly these warm sandboxes.
+    /// The default fork-server life with exactly these warm sandboxes (minimum per language).
     pub fn only(languages: impl IntoIterator<Item = (String, usize)>) -> PoolConfig {
         PoolConfig {
-            languages: languages.into_iter().collect(),
+            languages: languages
+                .into_iter()
+                .map(|(l, n)| (l, PoolSize::from(n)))
+                .collect(),
             ..PoolConfig::default()
         }
+    }
+
+    /// Warm sandboxes the budget allows in total: `memory_budget_mb` / [`WARM_SANDBOX_MB`].
+    pub fn budget_sandboxes(&self) -> usize {
+        usize::try_from(self.memory_budget_mb / WARM_SANDBOX_MB).unwrap_or(usize::MAX)
+    }
+
+    /// Most warm sandboxes (ready or being built) of all languages together: what the memory
+    /// budget allows, and never more than `[concurrency]` lets run and wait at once
+    /// (`max_running`, 0 meaning the cores, plus `max_queued`).
+    pub fn max_total(&self, concurrency: &ConcurrencyConfig) -> usize {
+        let running = match concurrency.max_running {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        self.budget_sandboxes()
+            .min(running.saturating_add(concurrency.max_queued))
+    }
+
+    /// How long a language may go without a call before it shrinks to its minimum (`None`:
+    /// never, `idle_secs = 0`).
+    pub fn idle(&self) -> Option<std::time::Duration> {
+        (self.idle_secs > 0).then(|| std::time::Duration::from_secs(self.idle_secs))
+    }
+
+    /// Sizes that make sense: min ≤ max ≤ the per-language cap, idle time at least a second,
+    /// and the minima within the memory budget.
+    pub fn validate(&self) -> Result<(), String> {
+        for (language, size) in &self.languages {
+            if size.min > size.max {
+                return Err(format!(
+                    "[pool] {language}: min ({}) is above max ({})",
+                    size.min, size.max
+                ));
+            }
+            if size.max > POOL_MAX_PER_LANGUAGE {
+                return Err(format!(
+                    "[pool] {language}: max ({}) is above {POOL_MAX_PER_LANGUAGE}, the most one \
+                     language may keep",
+                    size.max
+                ));
+            }
+        }
+        if self.idle_secs > POOL_MAX_IDLE_SECS {
+            return Err(format!(
+                "[pool] idle_secs ({}) is above {POOL_MAX_IDLE_SECS} (a day); give 0 to never \
+                 shrink",
+                self.idle_secs
+            ));
+        }
+        let minima: usize = self.languages.values().map(|s| s.min).sum();
+        if minima > self.budget_sandboxes() {
+            return Err(format!(
+                "[pool] the minima ({minima} warm sandboxes) do not fit memory_budget_mb = {} \
+                 (about {WARM_SANDBOX_MB} MiB each)",
+                self.memory_budget_mb
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -752,6 +894,7 @@ impl Config {
             .and_then(|()| config.http.validate())
             .and_then(|()| gearbox_egress::check_secrets(&config.secrets))
             .and_then(|()| config.quotas.validate())
+            .and_then(|()| config.pool.validate())
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,
@@ -783,7 +926,7 @@ mod tests {
         let parse = |t: &str| Config::from_toml(Path::new("x.toml"), t).expect(t).pool;
         let only = parse("[pool]\npython = 2\n");
         assert_eq!(only.languages.len(), 1);
-        assert_eq!(only.languages["python"], 2);
+        assert_eq!(only.languages["python"], PoolSize { min: 2, max: 8 });
         assert_eq!(only.fork_server_max_runs, 1000);
         let life = parse("[pool]\nfork_server_max_runs = 5\nfork_server_max_age_secs = 9\n");
         assert_eq!(life.languages, PoolConfig::default().languages);
@@ -792,7 +935,47 @@ mod tests {
             (5, 9)
         );
         assert!(parse("pool = {}\n").languages.is_empty());
+        assert_eq!(PoolConfig::default().idle_secs, 60);
+        let idle = parse("[pool]\nidle_secs = 1\n");
+        assert_eq!(idle.languages, PoolConfig::default().languages);
+        assert_eq!(idle.idle(), Some(std::time::Duration::from_secs(1)));
+        assert_eq!(parse("[pool]\npython = 1\nidle_secs = 0\n").idle(), None);
+        for bad in [
+            "[pool]\nidle_secs = -1\n",
+            "[pool]\nidle_secs = \"5m\"\n",
+            "[pool]\nidle_secs = 1.5\n",
+            "[pool]\nidle_secs = 99999999999\n",
+        ] {
+            let err = Config::from_toml(Path::new("x.toml"), bad).expect_err(bad);
+            assert!(err.to_string().contains("idle_secs"), "{bad}: {err}");
+        }
         assert!(Config::from_toml(Path::new("x.toml"), "[pool]\npython = -1\n").is_err());
+        let elastic =
+            parse("[pool]\npython = { min = 0, max = 2 }\nbash = { max = 3 }\nidle_secs = 5\n");
+        assert_eq!(elastic.languages["python"], PoolSize { min: 0, max: 2 });
+        assert_eq!(elastic.languages["bash"], PoolSize { min: 0, max: 3 });
+        assert_eq!(elastic.idle_secs, 5);
+        assert_eq!(
+            parse("[pool]\npython = { min = 2 }\n").languages["python"].max,
+            2
+        );
+        let idle_only = parse("[pool]\nidle_secs = 9\n");
+        assert_eq!(idle_only.languages, PoolConfig::default().languages);
+        let bad = |t: &str| {
+            Config::from_toml(Path::new("x.toml"), t)
+                .expect_err(t)
+                .to_string()
+        };
+        assert!(
+            bad("[pool]\npython = { min = 3, max = 2 }\n").contains("min (3) is above max (2)")
+        );
+        assert!(bad("[pool]\npython = { max = 9 }\n").contains("max (9)"));
+        assert_eq!(parse("[pool]\nidle_secs = 0\n").idle(), None);
+        assert!(bad("[pool]\npython = 8\nmemory_budget_mb = 16\n").contains("memory_budget_mb"));
+        assert!(
+            Config::from_toml(Path::new("x.toml"), "[pool]\npython = { min = \"a\" }\n").is_err()
+        );
+        assert!(PoolConfig::default().validate().is_ok());
         let sandbox = Config::from_toml(Path::new("x.toml"), "[sandbox]\nrequire_limits = true\n")
             .expect("parses");
         assert!(sandbox.sandbox.require_limits);

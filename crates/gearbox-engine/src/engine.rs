@@ -100,8 +100,9 @@ impl Engine {
     }
 
     /// Fill the warm pool as configured (once; needs a tokio runtime, so it also happens on
-    /// the first execution of an engine built outside one).
-    fn start_pool(&self) {
+    /// the first execution of an engine built outside one). A server calls it as it starts,
+    /// so that its first call finds a warm sandbox.
+    pub fn start_pool(&self) {
         self.pool_started.call_once(|| {
             if self.config.backend != BackendKind::Linux {
                 return;
@@ -113,8 +114,11 @@ impl Engine {
                         self.config.pool.fork_server_max_age_secs.max(1),
                     ),
                 });
-            for (language, &count) in &self.config.pool.languages {
-                if count == 0 {
+            self.pool.set_idle(self.config.pool.idle());
+            self.pool
+                .set_max_total(self.config.pool.max_total(&self.config.concurrency));
+            for (language, &size) in &self.config.pool.languages {
+                if size.max == 0 {
                     continue;
                 }
                 let template = ExecRequest {
@@ -132,7 +136,7 @@ impl Engine {
                             self.pool
                                 .keep_for_network(job.clone(), egress.runtime_root().to_path_buf());
                         }
-                        self.pool.keep(job, count)
+                        self.pool.keep(job, size.min, size.max)
                     }
                     Err(e) => tracing::warn!(%language, error = %e, "no warm pool"),
                 }

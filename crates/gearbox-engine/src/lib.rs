@@ -13,7 +13,7 @@ mod lazy;
 mod packages;
 pub mod policy;
 
-pub use config::{Config, ConfigError, PoolConfig, SandboxConfig};
+pub use config::{Config, ConfigError, PoolConfig, PoolSize, SandboxConfig};
 pub use engine::{Engine, LanguageInfo};
 pub use gearbox_egress;
 pub use gearbox_packages;

@@ -39,6 +39,15 @@ impl LinuxSandbox {
     }
 }
 
+/// Tops up a key of the warm pool when dropped ([`WarmPool::refill`]).
+struct Refill(Arc<WarmPool>, Option<String>);
+
+impl Drop for Refill {
+    fn drop(&mut self) {
+        self.0.refill(self.1.take());
+    }
+}
+
 impl Sandbox for LinuxSandbox {
     fn kind(&self) -> BackendKind {
         BackendKind::Linux
@@ -47,11 +56,14 @@ impl Sandbox for LinuxSandbox {
         let pool = Arc::clone(&self.pool);
         let helper = self.helper.clone();
         Box::pin(async move {
+            // Once the run is over, even if its caller went away, its key is topped up
+            // (a key woken from rest refills only then, not competing with this run).
+            let _refill = Refill(Arc::clone(&pool), pool.key_of(&job));
             let Some(warm) = pool.take_or_wait(&job).await else {
                 return run_helper(helper, Mode::Linux, job).await;
             };
-            let served_by = pool.key_of(&job);
-            let result = match warm {
+            // `_refill` drops after this tail expression: the key refills once the run ends.
+            match warm {
                 Warm::Helper(warm) => run_warm(warm, job).await.map(|(o, _)| o),
                 Warm::Granted(warm, dir) => match dir.adopt(&mut job) {
                     Ok(()) => {
@@ -68,9 +80,7 @@ impl Sandbox for LinuxSandbox {
                     }
                 },
                 Warm::Forked(slot) => slot.run(job).await.map(|(o, _)| o),
-            };
-            pool.refill(served_by);
-            result
+            }
         })
     }
     /// A collecting run always starts cold: the warm pool's sandboxes are built without it.

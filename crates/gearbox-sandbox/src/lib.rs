@@ -26,7 +26,7 @@ mod fork_abi;
 pub use backend::{LinuxSandbox, ProcessSandbox};
 pub use cgroup::{CgroupSupport, remove_spares as remove_spare_cgroups};
 pub use fork_server::ForkServerLife;
-pub use pool::{PoolStats, WarmPool};
+pub use pool::{MAX_PER_KEY, PoolStats, WarmPool};
 pub use probe::unenforced_limits;
 
 /// Entry point of the `__jail` helper. Never returns.

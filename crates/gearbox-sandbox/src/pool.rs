@@ -17,12 +17,20 @@
 //! [`ForkServerLife::max_age`]: then a fresh one takes over for the next slot, and the old one
 //! is stopped once no slot or run of its own is left (what a fork cannot renew, such as the
 //! interpreter's hash seed, is thus shared by a bounded number of runs).
+//!
+//! Elastic: a key keeps `min` warm sandboxes and grows by one per miss up to `max`. A key
+//! none of whose runs came for the idle time ([`WarmPool::set_idle`]) shrinks back to `min`:
+//! what misses added is dropped (each removing its cgroup). A key whose `min` is 0 is then
+//! put at rest: it keeps nothing and its fork server is stopped until a run comes again.
+//! That run starts cold (it is not a miss that raises the target), and once it is over the
+//! key refills to one, off the request path. All keys together hold at most
+//! [`WarmPool::set_max_total`] warm sandboxes, ready or being built.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use gearbox_core::Job;
 use serde::Serialize;
@@ -225,6 +233,8 @@ fn granted_key(job: &Job, mounts: &[&PathBuf]) -> Option<String> {
 struct KeyPool {
     template: Job,
     min: usize,
+    /// What misses may grow the target to.
+    max: usize,
     target: usize,
     ready: VecDeque<Warm>,
     filling: usize,
@@ -239,6 +249,10 @@ struct KeyPool {
     /// Builds that failed in a row (reset by one that succeeds), and the last one's error.
     failed_in_row: u32,
     last_error: Option<String>,
+    /// When a run last came for this key (took a sandbox, missed, or ended).
+    last_used: Instant,
+    /// Nothing kept: no run came for the idle time. The next run wakes it.
+    resting: bool,
 }
 
 impl KeyPool {
@@ -246,12 +260,14 @@ impl KeyPool {
     fn new(
         template: Job,
         min: usize,
+        max: usize,
         fork_server: Option<&'static str>,
         egress_root: Option<PathBuf>,
     ) -> KeyPool {
         KeyPool {
             template,
             min,
+            max: max.max(min),
             target: min,
             ready: VecDeque::new(),
             filling: 0,
@@ -263,6 +279,8 @@ impl KeyPool {
             last_miss: None,
             failed_in_row: 0,
             last_error: None,
+            last_used: Instant::now(),
+            resting: false,
         }
     }
 }
@@ -273,6 +291,16 @@ pub struct PoolStats {
     pub language: String,
     pub ready: usize,
     pub target: usize,
+    /// Being built.
+    pub filling: usize,
+    /// The configured minimum (`[pool]`): what the pool keeps at rest.
+    pub min: usize,
+    /// The configured maximum: what misses may grow the target to.
+    pub max: usize,
+    /// Fork servers of this key alive now (a replaced one counts until it has stopped).
+    pub fork_servers: usize,
+    /// At rest: no run came for the idle time, so nothing is kept until one does.
+    pub resting: bool,
     pub hits: u64,
     pub misses: u64,
     /// Time to build the last replacement sandbox, in ms.
@@ -300,6 +328,14 @@ pub struct WarmPool {
     life: Mutex<ForkServerLife>,
     /// Fork servers replaced by fresh ones: each is stopped once its last slot is gone.
     retired: AtomicU64,
+    /// Every fork server started, by key, while it lives (for [`PoolStats::fork_servers`]).
+    started_servers: Mutex<Vec<(String, Weak<ForkServer>)>>,
+    /// How long a key may go without a run before it rests, in ms (0: never).
+    idle_ms: AtomicU64,
+    /// The task that puts idle keys at rest was started.
+    sweeping: AtomicBool,
+    /// Most warm sandboxes, ready or being built, of all keys together.
+    max_total: AtomicU64,
 }
 
 impl WarmPool {
@@ -313,7 +349,115 @@ impl WarmPool {
             stopped: AtomicBool::new(false),
             life: Mutex::new(ForkServerLife::default()),
             retired: AtomicU64::new(0),
+            started_servers: Mutex::new(Vec::new()),
+            idle_ms: AtomicU64::new(0),
+            sweeping: AtomicBool::new(false),
+            max_total: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// Hold at most `n` warm sandboxes, ready or being built, over all keys (the memory
+    /// budget and the concurrency limit): a top-up past it builds fewer.
+    pub fn set_max_total(&self, n: usize) {
+        self.max_total.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Put a key at rest once no run came for it for `idle` (`None`: never): its warm
+    /// sandboxes are dropped and its fork server stopped. Checked every `idle / 2` (at least
+    /// 100 ms, at most 30 s). Must run inside a tokio runtime to take effect.
+    pub fn set_idle(self: &Arc<Self>, idle: Option<Duration>) {
+        let ms = idle.map_or(0, |d| (d.as_millis() as u64).max(1));
+        self.idle_ms.store(ms, Ordering::Relaxed);
+        if ms == 0 {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let pool = Arc::downgrade(self);
+        rt.spawn(async move {
+            loop {
+                let tick = {
+                    let Some(pool) = pool.upgrade() else { return };
+                    let ms = pool.idle_ms.load(Ordering::Relaxed);
+                    if pool.stopped.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    Duration::from_millis(ms / 2)
+                        .clamp(Duration::from_millis(100), Duration::from_secs(30))
+                };
+                tokio::time::sleep(tick).await;
+                let Some(pool) = pool.upgrade() else { return };
+                pool.rest_idle().await;
+            }
+        });
+    }
+
+    /// Shrink every key idle for the idle time to its minimum: drop its warm sandboxes above
+    /// it (each removing its cgroup); a key whose minimum is 0 is put at rest, and its fork
+    /// server stopped.
+    async fn rest_idle(&self) {
+        let ms = self.idle_ms.load(Ordering::Relaxed);
+        if ms == 0 || self.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let idle = Duration::from_millis(ms);
+        let mut dropped = Vec::new();
+        let mut rested = Vec::new();
+        for (k, pool) in self.keys().iter_mut() {
+            if pool.resting || pool.last_used.elapsed() < idle {
+                continue;
+            }
+            pool.target = pool.min;
+            let extra = pool.ready.len().saturating_sub(pool.min);
+            // A key that never held anything (a granted-run key nobody used) rests quietly.
+            if extra > 0
+                || (pool.min == 0 && (pool.fork_server.is_some() || !pool.ready.is_empty()))
+            {
+                tracing::info!(
+                    language = %pool.template.language,
+                    network = pool.egress_root.is_some(),
+                    dropped = extra,
+                    kept = pool.ready.len() - extra,
+                    "warm pool idle: shrunk to its minimum{}",
+                    if pool.min == 0 { ", at rest" } else { "" }
+                );
+            }
+            dropped.extend(pool.ready.drain(pool.ready.len() - extra..));
+            if pool.min == 0 {
+                pool.resting = true;
+                rested.push(k.clone());
+            }
+        }
+        if rested.is_empty() {
+            if !dropped.is_empty() {
+                let helpers = close(dropped);
+                tokio::spawn(wait_for(helpers, Instant::now() + Duration::from_secs(5)));
+            }
+            return;
+        }
+        // Slots first: a fork server is stopped once nothing of it is left.
+        let helpers = close(dropped);
+        let mut old = Vec::new();
+        {
+            let mut servers = self.fork_servers.lock().await;
+            let keys = self.keys();
+            for k in &rested {
+                // A run may have woken the key meanwhile: its server is wanted again.
+                if keys.get(k).is_some_and(|p| p.resting)
+                    && let Some(z) = servers.get_mut(k).and_then(|s| s.server.take())
+                {
+                    old.push(z);
+                }
+            }
+        }
+        for z in old {
+            tokio::spawn(ForkServer::retire(z));
+        }
+        tokio::spawn(wait_for(helpers, Instant::now() + Duration::from_secs(5)));
     }
 
     /// How long each fork server serves (applies to fork servers started from now on).
@@ -330,16 +474,20 @@ impl WarmPool {
         self.keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keep at least `min` warm sandboxes like `template`. Must run inside a tokio runtime.
-    pub fn keep(self: &Arc<Self>, template: Job, min: usize) {
+    /// Keep at least `min` warm sandboxes like `template`, growing to `max` while runs miss.
+    /// Must run inside a tokio runtime.
+    pub fn keep(self: &Arc<Self>, template: Job, min: usize, max: usize) {
         let Some(k) = key(&template) else { return };
         let min = min.min(MAX_PER_KEY);
+        let max = max.min(MAX_PER_KEY);
         let fork_server = template
             .launcher
             .as_ref()
             .and_then(|(name, _)| fork_server::serves(name));
-        self.keys()
-            .insert(k.clone(), KeyPool::new(template, min, fork_server, None));
+        self.keys().insert(
+            k.clone(),
+            KeyPool::new(template, min, max, fork_server, None),
+        );
         self.top_up(&k);
     }
 
@@ -351,8 +499,10 @@ impl WarmPool {
         let Some(k) = granted_key(&template, &mounts) else {
             return;
         };
-        self.keys()
-            .insert(k, KeyPool::new(template, 0, None, Some(egress_root)));
+        self.keys().insert(
+            k,
+            KeyPool::new(template, 0, MAX_PER_KEY, None, Some(egress_root)),
+        );
     }
 
     /// A warm sandbox for `job`: one that is ready, or, when the key's fork server is
@@ -393,6 +543,17 @@ impl WarmPool {
             if pool.fork_server.is_none() && pool.template.limits != job.limits {
                 return None;
             }
+            pool.last_used = Instant::now();
+            if pool.resting {
+                // Woken: nothing is ready for this run; the key builds one again (its fork
+                // server first), which this run may still take if it is ready in time.
+                pool.resting = false;
+                pool.target = pool.min.max(1).min(pool.max);
+                if count_miss {
+                    pool.misses += 1;
+                }
+                return None;
+            }
             let mut taken = None;
             while let Some(mut sp) = pool.ready.pop_front() {
                 // A sandbox that died (killed, or failed to build) is dropped.
@@ -416,7 +577,7 @@ impl WarmPool {
                     // Demand outran the pool: keep one more next time, up to the cap.
                     pool.misses += 1;
                     pool.last_miss = Some(Instant::now());
-                    pool.target = (pool.target + 1).min(MAX_PER_KEY);
+                    pool.target = (pool.target + 1).min(pool.max);
                 }
             }
             // With a sandbox still ready, the replacement waits until this run is over
@@ -437,9 +598,12 @@ impl WarmPool {
         key(job)
     }
 
-    /// Top up the pool a run was served from, once the run is over.
+    /// Top up the pool of a run (served warm or cold), once the run is over.
     pub(crate) fn refill(self: &Arc<Self>, key: Option<String>) {
         if let Some(k) = key {
+            if let Some(pool) = self.keys().get_mut(&k) {
+                pool.last_used = Instant::now();
+            }
             self.top_up(&k);
         }
     }
@@ -454,9 +618,13 @@ impl WarmPool {
         }
         let (template, n, fork_server, egress_root) = {
             let mut keys = self.keys();
+            let total: usize = keys.values().map(|p| p.ready.len() + p.filling).sum();
+            let room = usize::try_from(self.max_total.load(Ordering::Relaxed))
+                .unwrap_or(usize::MAX)
+                .saturating_sub(total);
             let Some(pool) = keys.get_mut(k) else { return };
             let have = pool.ready.len() + pool.filling;
-            let n = pool.target.saturating_sub(have);
+            let n = pool.target.saturating_sub(have).min(room);
             pool.filling += n;
             (
                 pool.template.clone(),
@@ -485,6 +653,7 @@ impl WarmPool {
                     }
                 };
                 pool.spawned.fetch_add(1, Ordering::Relaxed);
+                let mut unwanted = None;
                 let retry = {
                     let mut keys = pool.keys();
                     let Some(key_pool) = keys.get_mut(&k) else {
@@ -493,8 +662,13 @@ impl WarmPool {
                     key_pool.filling = key_pool.filling.saturating_sub(1);
                     key_pool.last_refill_ms = t.elapsed().as_secs_f64() * 1000.0;
                     match built {
-                        // Stopped: what was being built is not wanted, nor its failure news.
-                        _ if pool.stopped.load(Ordering::Relaxed) => None,
+                        // Stopped, or at rest: what was being built is not wanted, nor its
+                        // failure news (dropped below, once the lock is released).
+                        Ok(sp) if key_pool.resting || pool.stopped.load(Ordering::Relaxed) => {
+                            unwanted = Some(sp);
+                            None
+                        }
+                        _ if key_pool.resting || pool.stopped.load(Ordering::Relaxed) => None,
                         Ok(sp) => {
                             key_pool.ready.push_back(sp);
                             key_pool.failed_in_row = 0;
@@ -510,6 +684,10 @@ impl WarmPool {
                         }
                     }
                 };
+                if let Some(warm) = unwanted {
+                    let helpers = close(vec![warm]);
+                    wait_for(helpers, Instant::now() + Duration::from_secs(5)).await;
+                }
                 // A failed build is retried on its own, later and later while it keeps
                 // failing, instead of leaving the pool empty until the next run misses it.
                 if let Some(delay) = retry {
@@ -567,9 +745,18 @@ impl WarmPool {
                         "the warm pool was stopped".into(),
                     ));
                 }
+                _ if self.keys().get(k).is_some_and(|p| p.resting) => {
+                    return Err(gearbox_core::SandboxError::Protocol(
+                        "the warm pool is at rest".into(),
+                    ));
+                }
                 _ => {
                     let z = ForkServer::start(&self.helper, template, launcher).await?;
                     server.server = Some(Arc::clone(&z));
+                    self.started_servers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((k.to_string(), Arc::downgrade(&z)));
                     z
                 }
             }
@@ -610,29 +797,7 @@ impl WarmPool {
             .values_mut()
             .flat_map(|pool| pool.ready.drain(..))
             .collect();
-        // A fork server's slot is killed, and its cgroup released, when dropped. A helper-built
-        // sandbox ends once its hand-over pipe closes, and its helper removes its cgroup; a
-        // helper killed instead (as dropping it does) could not.
-        let mut helpers = Vec::new();
-        for warm in ready {
-            let (sp, dir) = match warm {
-                Warm::Forked(slot) => {
-                    drop(slot);
-                    continue;
-                }
-                Warm::Helper(sp) => (sp, None),
-                Warm::Granted(sp, dir) => (sp, Some(dir)),
-            };
-            let Spawned {
-                child,
-                stdin,
-                stdout,
-                stderr,
-                report,
-            } = sp;
-            drop(stdin);
-            helpers.push((child, (stdout, stderr, report, dir)));
-        }
+        let helpers = close(ready);
         let fork_servers: Vec<Arc<ForkServer>> = self
             .fork_servers
             .lock()
@@ -646,21 +811,37 @@ impl WarmPool {
         for z in &fork_servers {
             z.wait_until(deadline).await;
         }
-        for (mut child, pipes) in helpers {
-            let until = tokio::time::Instant::from_std(deadline);
-            let _ = tokio::time::timeout_at(until, child.wait()).await;
-            drop(pipes);
-        }
+        wait_for(helpers, deadline).await;
     }
 
     pub fn stats(&self) -> Vec<PoolStats> {
+        let mut alive: HashMap<String, usize> = HashMap::new();
+        {
+            let mut started = self
+                .started_servers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            started.retain(|(k, z)| match z.upgrade() {
+                Some(z) if z.alive() => {
+                    *alive.entry(k.clone()).or_default() += 1;
+                    true
+                }
+                Some(_) => true,
+                None => false,
+            });
+        }
         let mut v: Vec<PoolStats> = self
             .keys()
-            .values()
-            .map(|s| PoolStats {
+            .iter()
+            .map(|(k, s)| PoolStats {
                 language: s.template.language.clone(),
                 ready: s.ready.len(),
                 target: s.target,
+                filling: s.filling,
+                min: s.min,
+                max: s.max,
+                fork_servers: alive.get(k).copied().unwrap_or(0),
+                resting: s.resting,
                 hits: s.hits,
                 misses: s.misses,
                 last_refill_ms: s.last_refill_ms,
@@ -672,5 +853,45 @@ impl WarmPool {
             .collect();
         v.sort_by(|a, b| (&a.language, a.network).cmp(&(&b.language, b.network)));
         v
+    }
+}
+
+/// The helpers of helper-built sandboxes being dropped, with what must outlive their end.
+type Closing = Vec<(tokio::process::Child, Box<dyn Send>)>;
+
+/// Drop warm sandboxes cleanly. A fork server's slot is killed, and its cgroup released,
+/// when dropped. A helper-built sandbox ends once its hand-over pipe closes, and its helper
+/// removes its cgroup; a helper killed instead (as dropping it does) could not: those are
+/// returned, to wait for with [`wait_for`].
+fn close(warm: Vec<Warm>) -> Closing {
+    let mut helpers: Closing = Vec::new();
+    for w in warm {
+        let (sp, dir) = match w {
+            Warm::Forked(slot) => {
+                drop(slot);
+                continue;
+            }
+            Warm::Helper(sp) => (sp, None),
+            Warm::Granted(sp, dir) => (sp, Some(dir)),
+        };
+        let Spawned {
+            child,
+            stdin,
+            stdout,
+            stderr,
+            report,
+        } = sp;
+        drop(stdin);
+        helpers.push((child, Box::new((stdout, stderr, report, dir))));
+    }
+    helpers
+}
+
+/// Wait for closed helpers to end until `deadline`; one still running then is killed.
+async fn wait_for(helpers: Closing, deadline: Instant) {
+    for (mut child, pipes) in helpers {
+        let until = tokio::time::Instant::from_std(deadline);
+        let _ = tokio::time::timeout_at(until, child.wait()).await;
+        drop(pipes);
     }
 }

@@ -351,7 +351,7 @@ fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
         return String::new();
     }
     let mut out = String::new();
-    let series: [PoolSeries; 6] = [
+    let series: [PoolSeries; 11] = [
         (
             "gearbox_pool_ready",
             "gauge",
@@ -363,6 +363,36 @@ fn encode_pool(pool: &[gearbox_engine::PoolStats]) -> String {
             "gauge",
             "Warm sandboxes the pool aims to keep.",
             |s| s.target as f64,
+        ),
+        (
+            "gearbox_pool_building",
+            "gauge",
+            "Warm sandboxes being built.",
+            |s| s.filling as f64,
+        ),
+        (
+            "gearbox_pool_min",
+            "gauge",
+            "Warm sandboxes kept at rest ([pool] min).",
+            |s| s.min as f64,
+        ),
+        (
+            "gearbox_pool_max",
+            "gauge",
+            "Warm sandboxes the pool may grow to under demand ([pool] max).",
+            |s| s.max as f64,
+        ),
+        (
+            "gearbox_pool_resting",
+            "gauge",
+            "1 while the language is at rest: idle with a minimum of 0, nothing kept.",
+            |s| f64::from(u8::from(s.resting)),
+        ),
+        (
+            "gearbox_pool_fork_servers",
+            "gauge",
+            "Fork servers alive.",
+            |s| s.fork_servers as f64,
         ),
         (
             "gearbox_pool_hits_total",
@@ -488,6 +518,11 @@ mod tests {
             language: "python".into(),
             ready: 2,
             target: 3,
+            filling: 1,
+            min: 1,
+            max: 4,
+            fork_servers: 1,
+            resting: false,
             hits: 5,
             misses: 1,
             last_refill_ms: 12.5,
@@ -499,6 +534,11 @@ mod tests {
         let text = m.encode(&Limiter::new(2, 3), &pool);
         for needle in [
             "gearbox_pool_ready{language=\"python\",network=\"false\"} 2",
+            "gearbox_pool_building{language=\"python\",network=\"false\"} 1",
+            "gearbox_pool_min{language=\"python\",network=\"false\"} 1",
+            "gearbox_pool_max{language=\"python\",network=\"false\"} 4",
+            "gearbox_pool_fork_servers{language=\"python\",network=\"false\"} 1",
+            "gearbox_pool_resting{language=\"python\",network=\"false\"} 0",
             "gearbox_pool_hits_total{language=\"python\",network=\"false\"} 5",
             "gearbox_pool_misses_total{language=\"python\",network=\"false\"} 1",
             "gearbox_pool_refill_seconds{language=\"python\",network=\"false\"} 0.0125",

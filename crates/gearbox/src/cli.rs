@@ -205,8 +205,10 @@ pub fn main() -> ExitCode {
 fn init_tracing(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colours only for a terminal: a log file or a collector gets plain `key=value` text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -317,6 +319,11 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
     }
     let rt = runtime()?;
     let engine = std::sync::Arc::new(engine);
+    {
+        // The pool fills while the server starts, not at its first call.
+        let _runtime = rt.enter();
+        engine.start_pool();
+    }
     let audit_path = args
         .audit_log
         .clone()
@@ -729,7 +736,10 @@ fn doctor(engine: Engine, json: bool) -> Result<ExitCode> {
     if pool.is_empty() {
         println!("warm pool (gearbox serve): off");
     } else {
-        let sizes: Vec<String> = pool.iter().map(|(l, n)| format!("{l} {n}")).collect();
+        let sizes: Vec<String> = pool
+            .iter()
+            .map(|(l, n)| format!("{l} {}..{}", n.min, n.max))
+            .collect();
         println!(
             "warm pool (gearbox serve): {} (live sizes, hits and refill times: /metrics)",
             sizes.join(", ")

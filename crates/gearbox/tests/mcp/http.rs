@@ -2115,3 +2115,173 @@ async fn sessions_work_from_any_replica_of_a_fleet() {
     assert_eq!(structured(&r)["stdout"], "b\n", "{}", text(&r));
     let _ = (&dir, &b.dir);
 }
+
+/// Every process below `root`, with its command line.
+fn descendants(root: u32) -> Vec<(u32, String)> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent.insert(pid, ppid);
+        }
+    }
+    let below = |mut pid: u32| {
+        while let Some(&p) = parent.get(&pid) {
+            if p == root {
+                return true;
+            }
+            if p <= 1 {
+                return false;
+            }
+            pid = p;
+        }
+        false
+    };
+    let mut out: Vec<(u32, String)> = parent
+        .keys()
+        .copied()
+        .filter(|&pid| below(pid))
+        .map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            (pid, String::from_utf8_lossy(&cmd).replace('\0', " "))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Poll `/metrics` until it has every one of `needles`; the text. (A bound on waiting, not
+/// on speed.)
+async fn metrics_until_all(d: &Daemon, needles: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = d.metrics().await;
+        if needles.iter().all(|n| m.contains(n)) {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all of {needles:?} in\n{m}\n{}",
+            d.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 23, light at rest. `[pool] python = { min = 0, max = 2 }, bash = 1, idle_secs = 2`:
+/// Python keeps nothing until called; after a call it builds a warm sandbox, and once idle it
+/// drops it, stops its fork server and leaves no Python process below the server; a call after
+/// that is still answered. Bash keeps its one warm sandbox at rest: a burst grows it, and idle
+/// shrinks it back to one. (Every wait is a bound on waiting, not on speed.)
+#[tokio::test]
+async fn an_idle_pool_shrinks_to_its_minimum_and_rests_at_zero() {
+    let d = Daemon::start(Opts {
+        config: "[concurrency]\nmax_running = 8\n[pool]\npython = { min = 0, max = 2 }\nbash = 1\n\
+                 idle_secs = 2\n",
+        ..Opts::default()
+    })
+    .await;
+    let pid = d.child.id().expect("pid");
+    let series = |name: &str, language: &str, n: u32| {
+        format!("gearbox_pool_{name}{{language=\"{language}\",network=\"false\"}} {n}")
+    };
+    let m = metrics_until_all(&d, &[&series("ready", "bash", 1)]).await;
+    for needle in [
+        series("min", "python", 0),
+        series("max", "python", 2),
+        series("min", "bash", 1),
+        series("ready", "python", 0),
+    ] {
+        assert!(m.contains(&needle), "{needle} not in\n{m}");
+    }
+    let python_left = || {
+        descendants(pid)
+            .into_iter()
+            .filter(|(_, cmd)| cmd.contains("python"))
+            .collect::<Vec<_>>()
+    };
+    let client = d.client(Some(ALICE)).await;
+    let python = json!({"language": "python", "code": "print(6*7)"});
+    for round in 0..2 {
+        let r = call(&client, "execute_code", python.clone()).await;
+        assert_eq!(r.is_error, Some(false), "round {round}: {}", text(&r));
+        assert!(text(&r).contains("42"), "round {round}: {}", text(&r));
+        // The call woke the key; two idle seconds later it is at rest again, with nothing
+        // ready, no fork server and no Python process left.
+        metrics_until_all(
+            &d,
+            &[
+                &series("resting", "python", 1),
+                &series("ready", "python", 0),
+                &series("fork_servers", "python", 0),
+            ],
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !python_left().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: left behind at rest: {:?}\n{}",
+                python_left(),
+                d.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // Bursts of Bash calls miss the one warm sandbox and grow the target; idle shrinks the
+    // pool back to one, dropping what the bursts added. (Eight calls at once on a pool of one
+    // miss unless every refill beats the next arrival: a few bursts bound that, not a clock.)
+    let bash = json!({"language": "bash", "code": "sleep 0.2; echo $((6*7))"});
+    let mut bursts = 0;
+    loop {
+        bursts += 1;
+        let burst = (0..8).map(|_| call(&client, "execute_code", bash.clone()));
+        for r in futures::future::join_all(burst).await {
+            assert_eq!(r.is_error, Some(false), "{}", text(&r));
+            assert!(text(&r).contains("42"), "{}", text(&r));
+        }
+        let m = d.metrics().await;
+        if !m.contains(&series("target", "bash", 1)) {
+            break;
+        }
+        assert!(
+            bursts < 10,
+            "ten bursts of eight never grew a pool of one\n{m}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = d.stderr();
+        let shrunk = log.lines().any(|l| {
+            l.contains("shrunk to its minimum")
+                && l.contains("language=bash")
+                && !l.contains("dropped=0")
+        });
+        if shrunk {
+            break;
+        }
+        assert!(Instant::now() < deadline, "bash never shrank\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    metrics_until_all(
+        &d,
+        &[
+            &series("target", "bash", 1),
+            &series("ready", "bash", 1),
+            &series("resting", "bash", 0),
+        ],
+    )
+    .await;
+    client.cancel().await.expect("close");
+}

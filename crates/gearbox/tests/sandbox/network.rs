@@ -78,7 +78,7 @@ async fn on_path(
     }
     let language = req.language.clone();
     let mut c = config();
-    c.pool.languages = [(language.clone(), 1)].into();
+    c.pool.languages = [(language.clone(), gearbox_engine::PoolSize::from(1))].into();
     let engine = {
         let _guard = crate::support::runtime().enter();
         Arc::new(Engine::new(c, crate::support::gearbox_bin()))
