@@ -2,13 +2,14 @@
 """Memory of `gearbox serve` at rest (issue 23): PSS of the whole process tree.
 
     cargo build --release
-    sudo /usr/bin/python3 bench/rest_memory.py [--gearbox target/release/gearbox] [--config FILE] [--burst 20] [--idle 70]
+    sudo /usr/bin/python3 bench/rest_memory.py [--gearbox target/release/gearbox] [--config FILE] [--burst 20] [--idle 95]
 
 Starts `gearbox serve` over stdio (default config unless --config), waits for the pool to
 settle, and sums PSS (/proc/PID/smaps_rollup; needs root to read the sandboxes' processes)
 over the server and every descendant, grouped by process kind. Three points: at rest after
 start, right after a burst of --burst `execute_code` calls per language (python, javascript,
-bash; 8 in flight, so the pool grows), and after --idle seconds without calls (the pool's `idle_secs` plus margin).
+bash; 8 in flight, so the pool grows), and after --idle seconds without calls (the pool checks every
+idle_secs / 2, so a key shrinks between 1 and 1.5 idle_secs after its last call).
 Prints one table per point. Standard library only.
 """
 import argparse
@@ -150,7 +151,7 @@ def main():
     ap.add_argument("--gearbox", default=str(ROOT / "target/release/gearbox"))
     ap.add_argument("--config")
     ap.add_argument("--burst", type=int, default=20)
-    ap.add_argument("--idle", type=float, default=70.0)
+    ap.add_argument("--idle", type=float, default=95.0)
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("note: not root, the sandboxes' PSS is not readable", file=sys.stderr)
