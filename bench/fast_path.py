@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -69,16 +70,21 @@ class Client:
         self.wrong = 0
 
     async def __aenter__(self) -> "Client":
-        self._cm = stdio_client(self.params)
-        r, w = await self._cm.__aenter__()
-        self._scm = ClientSession(r, w)
-        self.session = await self._scm.__aenter__()
-        await self.session.initialize()
+        # One exit stack owns the SDK's context managers, so they are entered and left in the
+        # same task and order (anyio's task groups require it).
+        self._stack = contextlib.AsyncExitStack()
+        await self._stack.__aenter__()
+        try:
+            r, w = await self._stack.enter_async_context(stdio_client(self.params))
+            self.session = await self._stack.enter_async_context(ClientSession(r, w))
+            await asyncio.wait_for(self.session.initialize(), 60)
+        except BaseException:
+            await self._stack.aclose()
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self._scm.__aexit__(*exc)
-        await self._cm.__aexit__(*exc)
+        await self._stack.__aexit__(*exc)
 
     async def call(self, extra: dict, template: str) -> float:
         """One execute_code with a fresh nonce; returns ms; counts a wrong answer."""
@@ -86,7 +92,7 @@ class Client:
         nonce = f"n{os.getpid()}x{self.counter}"
         args = dict(extra, code=template.format(n=nonce))
         t = time.perf_counter()
-        res = await self.session.call_tool("execute_code", args)
+        res = await asyncio.wait_for(self.session.call_tool("execute_code", args), 120)
         ms = (time.perf_counter() - t) * 1000
         sc = res.structuredContent or {}
         if res.isError or sc.get("status") != "ok" or sc.get("stdout") != nonce + "\n":
