@@ -16,9 +16,7 @@ server whose `execute_code` runs nothing: what any rmcp server costs per call.
 per-call nonce, and every answer is checked against its own call (wrong answers counted).
 Sections (names for --skip): latency, throughput, cold, rest, run, compute, go.
 
-Status: NOT YET VERIFIED end to end. Its first run (-n 8, --skip run,go,cold,compute) printed
-nothing and hit a 120 s timeout; the floor answers by hand. Debug the hang (the SDK session
-opened by hand in Client.__aenter__ is the first suspect) before trusting any number.
+Results and how they were read: docs/PERFORMANCE.md, "The fast path: every target in one run".
 """
 
 from __future__ import annotations
@@ -94,8 +92,8 @@ class Client:
         t = time.perf_counter()
         res = await asyncio.wait_for(self.session.call_tool("execute_code", args), 120)
         ms = (time.perf_counter() - t) * 1000
-        sc = res.structuredContent or {}
-        if res.isError or sc.get("status") != "ok" or sc.get("stdout") != nonce + "\n":
+        sc = res.structured_content or {}
+        if res.is_error or sc.get("status") != "ok" or sc.get("stdout") != nonce + "\n":
             self.wrong += 1
             if self.wrong <= 3:
                 print(f"  wrong answer for {nonce}: {sc or res.content}", file=sys.stderr)

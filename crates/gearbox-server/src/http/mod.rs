@@ -126,7 +126,12 @@ struct RespondingGuard(Arc<Responding>);
 
 impl Drop for RespondingGuard {
     fn drop(&mut self) {
-        if self.0.open.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+        if self
+            .0
+            .open
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
             self.0.idle.notify_waiters();
         }
     }
@@ -172,10 +177,13 @@ async fn track_responses(
     let guard = responding.enter();
     let resp = next.run(req).await;
     resp.map(|body| {
-        Body::from_stream(futures::StreamExt::map(body.into_data_stream(), move |chunk| {
-            let _held = &guard;
-            chunk
-        }))
+        Body::from_stream(futures::StreamExt::map(
+            body.into_data_stream(),
+            move |chunk| {
+                let _held = &guard;
+                chunk
+            },
+        ))
     })
 }
 
