@@ -176,6 +176,14 @@ async fn track_responses(
     }
     let guard = responding.enter();
     let resp = next.run(req).await;
+    // A body of known size (a JSON answer, a 202) is whole already: left as it is, with its
+    // Content-Length. A stream (SSE) is tracked until it ends.
+    if axum::body::HttpBody::size_hint(resp.body())
+        .exact()
+        .is_some()
+    {
+        return resp;
+    }
     resp.map(|body| {
         Body::from_stream(futures::StreamExt::map(
             body.into_data_stream(),
