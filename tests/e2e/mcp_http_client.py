@@ -230,18 +230,7 @@ def gearbox_cgroups(pid: int) -> set[str]:
     """The host directories of the gearbox cgroups that process `pid` and its descendants are
     in (the fork servers', the warm sandboxes'), and those named after `pid` (run cgroups the
     server created, in use or kept for reuse)."""
-    children: dict[int, list[int]] = {}
-    for p in os.listdir("/proc"):
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(p))
-        except (OSError, ValueError, IndexError):
-            continue
-    tree, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        tree.add(p)
-        todo.extend(children.get(p, []))
+    tree = e2e.descendants(pid) | {pid}
     found = set()
     for p in tree:
         try:

@@ -829,12 +829,8 @@ impl PoolConfig {
     /// budget allows, and never more than `[concurrency]` lets run and wait at once
     /// (`max_running`, 0 meaning the cores, plus `max_queued`).
     pub fn max_total(&self, concurrency: &ConcurrencyConfig) -> usize {
-        let running = match concurrency.max_running {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
         self.budget_sandboxes()
-            .min(running.saturating_add(concurrency.max_queued))
+            .min(concurrency.running().saturating_add(concurrency.max_queued))
     }
 
     /// How long a language may go without a call before it shrinks to its minimum (`None`:
@@ -843,8 +839,8 @@ impl PoolConfig {
         (self.idle_secs > 0).then(|| std::time::Duration::from_secs(self.idle_secs))
     }
 
-    /// Sizes that make sense: min ≤ max ≤ the per-language cap, idle time at least a second,
-    /// and the minima within the memory budget.
+    /// Sizes that make sense: min ≤ max ≤ the per-language cap, an idle time of at most a
+    /// day, and the minima within the memory budget.
     pub fn validate(&self) -> Result<(), String> {
         for (language, size) in &self.languages {
             if size.min > size.max {

@@ -432,15 +432,14 @@ impl WarmPool {
                 rested.push(k.clone());
             }
         }
-        if rested.is_empty() {
-            if !dropped.is_empty() {
-                let helpers = close(dropped);
-                tokio::spawn(wait_for(helpers, Instant::now() + Duration::from_secs(5)));
-            }
-            return;
-        }
         // Slots first: a fork server is stopped once nothing of it is left.
         let helpers = close(dropped);
+        if !helpers.is_empty() {
+            tokio::spawn(wait_for(helpers, Instant::now() + Duration::from_secs(5)));
+        }
+        if rested.is_empty() {
+            return;
+        }
         let mut old = Vec::new();
         {
             let mut servers = self.fork_servers.lock().await;
@@ -457,7 +456,6 @@ impl WarmPool {
         for z in old {
             tokio::spawn(ForkServer::retire(z));
         }
-        tokio::spawn(wait_for(helpers, Instant::now() + Duration::from_secs(5)));
     }
 
     /// How long each fork server serves (applies to fork servers started from now on).
@@ -545,8 +543,9 @@ impl WarmPool {
             }
             pool.last_used = Instant::now();
             if pool.resting {
-                // Woken: nothing is ready for this run; the key builds one again (its fork
-                // server first), which this run may still take if it is ready in time.
+                // Woken: nothing is ready or being built, so this run starts cold; once it
+                // is over its refill builds the key's sandbox again (its fork server first),
+                // not competing with the run.
                 pool.resting = false;
                 pool.target = pool.min.max(1).min(pool.max);
                 if count_miss {
@@ -661,14 +660,15 @@ impl WarmPool {
                     };
                     key_pool.filling = key_pool.filling.saturating_sub(1);
                     key_pool.last_refill_ms = t.elapsed().as_secs_f64() * 1000.0;
+                    let wanted = !key_pool.resting && !pool.stopped.load(Ordering::Relaxed);
                     match built {
                         // Stopped, or at rest: what was being built is not wanted, nor its
                         // failure news (dropped below, once the lock is released).
-                        Ok(sp) if key_pool.resting || pool.stopped.load(Ordering::Relaxed) => {
+                        Ok(sp) if !wanted => {
                             unwanted = Some(sp);
                             None
                         }
-                        _ if key_pool.resting || pool.stopped.load(Ordering::Relaxed) => None,
+                        Err(_) if !wanted => None,
                         Ok(sp) => {
                             key_pool.ready.push_back(sp);
                             key_pool.failed_in_row = 0;
@@ -753,10 +753,13 @@ impl WarmPool {
                 _ => {
                     let z = ForkServer::start(&self.helper, template, launcher).await?;
                     server.server = Some(Arc::clone(&z));
-                    self.started_servers
+                    let mut started = self
+                        .started_servers
                         .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((k.to_string(), Arc::downgrade(&z)));
+                        .unwrap_or_else(|p| p.into_inner());
+                    // Bounded whether or not anyone reads the stats: forget the gone ones.
+                    started.retain(|(_, z)| z.strong_count() > 0);
+                    started.push((k.to_string(), Arc::downgrade(&z)));
                     z
                 }
             }
