@@ -2285,3 +2285,60 @@ async fn an_idle_pool_shrinks_to_its_minimum_and_rests_at_zero() {
     .await;
     client.cancel().await.expect("close");
 }
+
+/// The value of the warm-pool series `gearbox_pool_{name}` of `language` (no network) in `m`.
+fn pool_value(m: &str, name: &str, language: &str) -> f64 {
+    let prefix = format!("gearbox_pool_{name}{{language=\"{language}\",network=\"false\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{m}"))
+}
+
+/// Issue 23: all languages together hold at most `memory_budget_mb / 8` warm sandboxes. With
+/// a budget of two, Python's one and Bash's one fill it: bursts of Bash calls raise Bash's
+/// target, yet once nothing is being built no more than two are ready in all.
+#[tokio::test]
+async fn the_pool_never_holds_more_than_its_memory_budget() {
+    let d = Daemon::start(Opts {
+        config: "[concurrency]\nmax_running = 8\n[pool]\npython = { min = 1, max = 8 }\n\
+                 bash = { min = 1, max = 8 }\nmemory_budget_mb = 16\nidle_secs = 0\n",
+        ..Opts::default()
+    })
+    .await;
+    let client = d.client(Some(ALICE)).await;
+    let bash = json!({"language": "bash", "code": "sleep 0.2; echo $((6*7))"});
+    let mut bursts = 0;
+    let m = loop {
+        bursts += 1;
+        let burst = (0..8).map(|_| call(&client, "execute_code", bash.clone()));
+        for r in futures::future::join_all(burst).await {
+            assert_eq!(r.is_error, Some(false), "{}", text(&r));
+            assert!(text(&r).contains("42"), "{}", text(&r));
+        }
+        let m = d.metrics().await;
+        if pool_value(&m, "target", "bash") >= 3.0 {
+            break m;
+        }
+        assert!(
+            bursts < 10,
+            "ten bursts of eight never grew Bash's target\n{m}"
+        );
+    };
+    assert_eq!(pool_value(&m, "max", "bash"), 8.0, "{m}");
+    // Settled: nothing being built (a bound on waiting, not on speed).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let m = loop {
+        let m = d.metrics().await;
+        if pool_value(&m, "building", "bash") == 0.0 && pool_value(&m, "building", "python") == 0.0
+        {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the pool never settled\n{m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let ready = pool_value(&m, "ready", "bash") + pool_value(&m, "ready", "python");
+    assert!(ready <= 2.0, "{ready} ready over a budget of two\n{m}");
+    assert!(pool_value(&m, "target", "bash") >= 3.0, "{m}");
+    client.cancel().await.expect("close");
+}
