@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""A/B of warm Python runs: latency and machine CPU per run of one or more gearbox builds,
-interleaved (A, B, A, B, ...) so that a noisy machine disturbs both alike.
+"""A/B of warm runs: latency and machine CPU per run of one or more gearbox builds (or one
+build under different environments), interleaved (A, B, A, B, ...) so that a noisy machine
+disturbs both alike.
 
     /usr/bin/python3 bench/warm_ab.py --gearbox old/gearbox --gearbox new/gearbox [-n 300] [--rounds 3]
+    /usr/bin/python3 bench/warm_ab.py --language bash \
+        --gearbox 'GEARBOX_FORK_SERVER=0 target/release/gearbox' --gearbox target/release/gearbox
 
-Each round starts `gearbox serve` with a Python pool of 2, lets it fill, makes n sequential
-`execute_code` calls of `print(1)`, and reports the median latency and the machine's busy CPU
-per call (from /proc/stat: every process, the client, the pool's refills and the kernel's
-workers included). Standard library only; as root, so the fork server is used.
+Each round starts `gearbox serve` with a pool of 2 for the language, lets it fill, makes n
+sequential `execute_code` calls of `print(1)` (`echo 1`, `console.log(1)`), and reports the
+median latency and the machine's busy CPU per call (from /proc/stat: every process, the
+client, the pool's refills and the kernel's workers included). A `--gearbox` of the form
+`KEY=VALUE ... PATH` runs that build with those variables set. Standard library only; as
+root, so the fork servers are used.
 """
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -20,20 +26,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from warm_pool import Rpc, busy_ms  # noqa: E402
 
 
-def measure(gearbox, n):
+CODE = {"python": "print(1)", "bash": "echo 1", "javascript": "console.log(1)"}
+
+
+def measure(build, n, language):
+    *assignments, gearbox = build.split()
+    env = dict(os.environ, **dict(a.split("=", 1) for a in assignments))
     cfg = Path(tempfile.mkdtemp(prefix="gearbox-ab-")) / "warm.toml"
-    cfg.write_text("[pool]\npython = 2\n")
-    rpc = Rpc(gearbox, str(cfg))
+    cfg.write_text(f"[pool]\n{language} = 2\n")
+    rpc = Rpc(gearbox, str(cfg), env)
+    code = CODE[language]
     try:
         time.sleep(2)  # let the pool fill
         for _ in range(20):
-            rpc.run("python", "print(1)")
+            rpc.run(language, code)
         time.sleep(0.5)
         lat = []
         cpu0 = busy_ms()
         for _ in range(n):
             t = time.perf_counter()
-            rpc.run("python", "print(1)")
+            rpc.run(language, code)
             lat.append((time.perf_counter() - t) * 1000)
         return statistics.median(lat), (busy_ms() - cpu0) / n
     finally:
@@ -45,11 +57,12 @@ def main():
     ap.add_argument("--gearbox", action="append", required=True, help="a build to measure (repeat)")
     ap.add_argument("-n", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--language", default="python", choices=sorted(CODE))
     a = ap.parse_args()
     results = {g: [] for g in a.gearbox}
     for _ in range(a.rounds):
         for g in a.gearbox:
-            results[g].append(measure(g, a.n))
+            results[g].append(measure(g, a.n, a.language))
     print(f"{'build':<50} {'median ms':>10} {'CPU/run ms':>11}  (per round)")
     for g, rs in results.items():
         med = statistics.median(r[0] for r in rs)

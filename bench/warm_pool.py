@@ -42,9 +42,10 @@ def pct(xs, p):
 class Rpc:
     """One `gearbox serve` over stdio; thread-safe request/response by id."""
 
-    def __init__(self, gearbox, config):
+    def __init__(self, gearbox, config, env=None):
         self.p = subprocess.Popen([gearbox, "--config", config, "serve"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
+                                  env=env)
         self.lock = threading.Lock()
         self.next_id = 0
         self.waiting = {}

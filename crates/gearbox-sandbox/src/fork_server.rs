@@ -1,8 +1,9 @@
-//! The fork server (known elsewhere as a zygote): warm Python and Node sandboxes that cost a
-//! few forks instead of a helper, namespaces from scratch and an interpreter start.
+//! The fork server (known elsewhere as a zygote): warm sandboxes that cost a few forks instead
+//! of a helper, namespaces from scratch and an interpreter start.
 //!
 //! One fork server runs per pool key, inside a sandbox built like any other (the helper's init
-//! builds the root and starts `launchers/python_zygote.py` or `launchers/node_zygote.js`,
+//! builds the root and starts `launchers/python_zygote.py` or `launchers/node_zygote.js`, or,
+//! for languages that run by `execve`, forks the exec fork server, `jail/exec_zygote.rs`,
 //! with the Landlock ruleset on fd 3
 //! and a `SOCK_SEQPACKET` control socket on fd 4). For each slot the server sends one packet
 //! with four fds: the slot's own control socket and the program's stdin, stdout and stderr
@@ -54,6 +55,10 @@ const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
 /// before its outputs are read.
 const OUTPUTS_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The fork server of languages without a launcher: the native loop run by the helper's own
+/// code (`jail/exec_zygote.rs`), each program an `execve` of the run's command.
+pub(crate) const EXEC_FORK_SERVER: &str = "exec-zygote";
+
 /// The built-in launchers that have a fork server, by launcher name.
 pub(crate) fn launcher_of(launcher: &str) -> Option<&'static str> {
     match launcher {
@@ -82,11 +87,16 @@ pub(crate) fn supported() -> bool {
     })
 }
 
-/// Whether jobs with `launcher` are served by a fork server on this host.
-pub(crate) fn serves(launcher: &str) -> Option<&'static str> {
-    launcher_of(launcher)
-        .filter(|_| std::env::var("GEARBOX_FORK_SERVER").as_deref() != Ok("0"))
-        .filter(|_| supported())
+/// The fork server that serves jobs like `job` on this host, if one does: the launcher's
+/// (Python, Node), or, for a language that runs by `execve` (no launcher: Bash, Go, ...), the
+/// exec fork server ([`EXEC_FORK_SERVER`]).
+pub(crate) fn serves(job: &Job) -> Option<&'static str> {
+    match &job.launcher {
+        Some((name, _)) => launcher_of(name),
+        None => Some(EXEC_FORK_SERVER),
+    }
+    .filter(|_| std::env::var("GEARBOX_FORK_SERVER").as_deref() != Ok("0"))
+    .filter(|_| supported())
 }
 
 /// The limits a fork server's slot is built with: what a run cannot change after the slot
@@ -160,12 +170,11 @@ impl ForkServer {
         template: &Job,
         launcher: &str,
     ) -> Result<Arc<ForkServer>, SandboxError> {
-        let argv = template
-            .launcher
-            .as_ref()
-            .map(|(_, argv)| argv.clone())
-            .ok_or_else(|| SandboxError::Protocol("no launcher".into()))?;
-        let mut argv = argv;
+        let mut argv = match &template.launcher {
+            Some((_, argv)) => argv.clone(),
+            None if launcher == EXEC_FORK_SERVER => Vec::new(),
+            None => return Err(SandboxError::Protocol("no launcher".into())),
+        };
         let at = 1.min(argv.len());
         argv.splice(
             at..at,

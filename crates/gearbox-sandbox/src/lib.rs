@@ -10,6 +10,12 @@
 
 mod backend;
 mod cgroup;
+/// The fork server's native loop (`launchers/fork/`), linked in for the exec fork server
+/// (`jail/exec_zygote.rs`); the same files build `/.gearbox/fork.so` for the interpreters'.
+/// Built standalone too, it names the shared policy (`restriction.rs`) as a module of its own.
+#[path = "launchers/fork/mod.rs"]
+#[allow(clippy::duplicate_mod)]
+mod fork_native;
 mod fork_server;
 mod helper;
 mod jail;

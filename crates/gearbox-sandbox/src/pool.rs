@@ -9,8 +9,9 @@
 //! Only jobs whose sandbox is identical to the pool's template are served warm (same
 //! language, environment, limits, mounts, no network); any other job starts cold.
 //!
-//! Where the language has a fork server (`fork_server.rs`: Python, Node) and the host gives per-run
-//! cgroups, a warm sandbox is a slot forked from the key's fork server instead of a whole
+//! Where the host gives per-run cgroups, every language has a fork server (`fork_server.rs`:
+//! Python's, Node's, and the exec fork server for the others), and
+//! a warm sandbox is a slot forked from the key's fork server instead of a whole
 //! helper: a few forks instead of two process starts and an interpreter start. A fork server
 //! that fails three times in a row is given up for helper-built sandboxes. A fork server
 //! serves at most [`ForkServerLife::max_runs`] runs and lives at most
@@ -192,10 +193,7 @@ fn key(job: &Job) -> Option<String> {
         let mounts: Vec<&PathBuf> = job.mounts.iter().filter(|m| m.as_path() != own).collect();
         return granted_key(job, &mounts);
     }
-    let forked = job
-        .launcher
-        .as_ref()
-        .and_then(|(name, _)| fork_server::serves(name));
+    let forked = fork_server::serves(job);
     match forked {
         Some(_) => serde_json::to_string(&(
             &job.language,
@@ -478,10 +476,7 @@ impl WarmPool {
         let Some(k) = key(&template) else { return };
         let min = min.min(MAX_PER_KEY);
         let max = max.min(MAX_PER_KEY);
-        let fork_server = template
-            .launcher
-            .as_ref()
-            .and_then(|(name, _)| fork_server::serves(name));
+        let fork_server = fork_server::serves(&template);
         self.keys().insert(
             k.clone(),
             KeyPool::new(template, min, max, fork_server, None),

@@ -66,7 +66,7 @@ pub fn main(
     }
     let run = match &spec.pooled {
         None => start_cold(spec, env, filters, have_cgroup, &st_w, t0),
-        Some(pool) if pool.fork_server => start_fork_server(pool, env, &st_w, t0),
+        Some(pool) if pool.fork_server => start_fork_server(spec, pool, env, &st_w, t0),
         Some(pool) => start_pooled(spec, pool, env, filters, have_cgroup, &st_w, t0),
     };
     let child = match run {
@@ -281,18 +281,21 @@ fn start_pooled(
 /// (ambient, so they survive exec; all inside this sandbox's user namespace). It runs no
 /// program itself; each run it forks drops every capability and applies the same rlimits,
 /// Landlock rules and seccomp filters as [`program::exec`] before reading its program.
+/// The exec fork server ([`super::exec_zygote`]) is the same loop without the exec.
 fn start_fork_server(
+    spec: &JailSpec,
     pool: &Pooled,
     env: &[(String, String)],
     st_w: &OwnedFd,
     t0: std::time::Instant,
 ) -> Result<Pid, StepError> {
-    let Some((_, argv)) = &pool.launcher else {
+    let Some((name, argv)) = &pool.launcher else {
         return Err(StepError::new(
             Step::StartForkServer,
             "a fork server needs a launcher",
         ));
     };
+    let in_process = name == super::exec_zygote::EXEC_ZYGOTE;
     let argv_c = argv
         .iter()
         .map(|a| std::ffi::CString::new(a.as_str()))
@@ -306,7 +309,11 @@ fn start_fork_server(
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
     match unsafe { fork() }.step(Step::ForkForkServer)? {
         ForkResult::Child => {
-            let err = exec_fork_server(&argv_c, &envp);
+            let err = if in_process {
+                super::exec_zygote::serve(&spec.limits, BUILD_NICE)
+            } else {
+                exec_fork_server(&argv_c, &envp)
+            };
             fail(st_w, StepError::new(Step::StartForkServer, err.to_string()));
         }
         ForkResult::Parent { child } => {
@@ -327,12 +334,11 @@ const FORK_SERVER_CAPS: [u32; 2] = [12, 21];
 const CAP_SETPCAP: u32 = 8;
 
 fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
-    let last = std::io::Error::last_os_error;
     // SAFETY: fcntl/close_range on fd numbers of this process: everything above stderr but
     // the control socket closes at exec.
     unsafe {
         if libc::fcntl(crate::wire::FORK_SERVER_FD, libc::F_SETFD, 0) < 0 {
-            return last();
+            return std::io::Error::last_os_error();
         }
         libc::syscall(libc::SYS_close_range, 3u32, 3u32, libc::CLOSE_RANGE_CLOEXEC);
         libc::syscall(
@@ -342,6 +348,24 @@ fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> s
             libc::CLOSE_RANGE_CLOEXEC,
         );
     }
+    if let Err(e) = keep_fork_server_caps(true) {
+        return e;
+    }
+    // SAFETY: setpriority takes integers.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) } != 0 {
+        return std::io::Error::last_os_error();
+    }
+    match nix::unistd::execve(&argv[0], argv, envp) {
+        Err(e) => e.into(),
+        Ok(never) => match never {},
+    }
+}
+
+/// Keep only [`FORK_SERVER_CAPS`] (effective and permitted; also ambient when `for_exec`, so
+/// that they survive the exec of an interpreter) and empty the bounding set, so that every
+/// process the fork server forks starts with an empty one.
+pub(super) fn keep_fork_server_caps(for_exec: bool) -> std::io::Result<()> {
+    let last = std::io::Error::last_os_error;
     #[repr(C)]
     struct Header {
         version: u32,
@@ -365,25 +389,28 @@ fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> s
         data[i].permitted |= bit;
         data[i].inheritable |= bit;
     }
-    // Kept until the bounding set is empty; exec drops it (it is not ambient).
+    let kept = data;
+    // Kept until the bounding set is empty; dropped below (or by the exec: not ambient).
     data[0].effective |= 1 << CAP_SETPCAP;
     data[0].permitted |= 1 << CAP_SETPCAP;
     // SAFETY: capset reads a v3 header and two data structs on this stack frame; prctl takes
     // integers only.
     unsafe {
         if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
-            return last();
+            return Err(last());
         }
-        for cap in FORK_SERVER_CAPS {
-            if libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
-                cap as libc::c_ulong,
-                0,
-                0,
-            ) != 0
-            {
-                return last();
+        if for_exec {
+            for cap in FORK_SERVER_CAPS {
+                if libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                    cap as libc::c_ulong,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(last());
+                }
             }
         }
         // The ambient set survives this; prctl fails (EINVAL) past the kernel's last cap.
@@ -392,15 +419,11 @@ fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> s
                 break;
             }
         }
+        if !for_exec && libc::syscall(libc::SYS_capset, &header, kept.as_ptr()) != 0 {
+            return Err(last());
+        }
     }
-    // SAFETY: setpriority takes integers.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) } != 0 {
-        return last();
-    }
-    match nix::unistd::execve(&argv[0], argv, envp) {
-        Err(e) => e.into(),
-        Ok(never) => match never {},
-    }
+    Ok(())
 }
 
 /// Become the sandbox user (keeping capabilities inside the namespace), then build the root.

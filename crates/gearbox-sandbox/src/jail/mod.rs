@@ -14,6 +14,7 @@
 //! [`crate::step::StepError`] naming the step. Every process in the chain dies with its parent
 //! (`PR_SET_PDEATHSIG`), so killing the helper — or the server — kills the whole sandbox.
 
+mod exec_zygote;
 mod init;
 mod landlock;
 mod linux;
@@ -121,4 +122,52 @@ pub(crate) fn die_with_parent(expected_parent: i32) -> std::io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Every signal's disposition back to its default and none blocked, as a program started by
+/// a shell would find them: an ignored signal survives `execve`, and the helper's process
+/// ignores SIGPIPE (Rust's runtime does), besides whatever the server inherited from its own
+/// parent. Without this a shell pipeline's writer gets EPIPE instead of dying of SIGPIPE.
+/// Raw `rt_sigaction`: the C library refuses to touch the signals it reserves (32 and 33),
+/// which an ignoring parent may have set too.
+pub(crate) fn reset_signals() {
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: libc::c_ulong,
+        restorer: usize,
+        mask: u64,
+    }
+    let default = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction reads a structure on this frame; no old action is written.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                &default,
+                std::ptr::null_mut::<KernelSigaction>(),
+                8usize,
+            )
+        };
+    }
+    let none: u64 = 0;
+    // SAFETY: rt_sigprocmask reads an 8-byte mask on this frame.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &none,
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        )
+    };
 }

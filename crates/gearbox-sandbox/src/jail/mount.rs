@@ -115,7 +115,8 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
             if *fork_server {
                 write_fork_server_files(root, spec)?;
             }
-            Some(name)
+            // The exec fork server runs the binary's own code: no script.
+            Some(name).filter(|n| n.as_str() != super::exec_zygote::EXEC_ZYGOTE)
         }
         _ => spec.live.as_ref(),
     };

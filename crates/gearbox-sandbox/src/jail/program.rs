@@ -55,6 +55,7 @@ fn prepare_and_exec(
         return Err(StepError::new(Step::PrepareArgv, "empty command"));
     };
     nix::unistd::setsid().step(Step::NewSession)?;
+    super::reset_signals();
     apply_rlimits(limits, have_cgroup)?;
     nix::unistd::chdir("/work").step(Step::EnterWorkspace)?;
     drop_capabilities().step(Step::DropCapabilities)?;

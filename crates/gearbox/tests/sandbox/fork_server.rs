@@ -38,7 +38,7 @@ fn python_stats(engine: &Engine) -> gearbox_engine::PoolStats {
 }
 
 /// Wait until `n` forked sandboxes are ready.
-async fn ready(engine: &Engine, n: usize) {
+pub(crate) async fn ready(engine: &Engine, n: usize) {
     let until = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let s = python_stats(engine);
@@ -644,7 +644,7 @@ async fn forked_python_cancelled_call_takes_its_sandbox_with_it() {
 }
 
 /// None of `markers` (what a program prints when an escape worked) is in `stdout`.
-fn assert_absent(stdout: &str, markers: &[&str]) {
+pub(crate) fn assert_absent(stdout: &str, markers: &[&str]) {
     for bad in markers {
         assert!(!stdout.contains(bad), "{bad}: {stdout}");
     }
@@ -662,7 +662,7 @@ fn assert_stopped_in_time(o: &Outcome) {
 
 /// The /proc/self/status lines a program printed: no capability in any set, no_new_privs,
 /// seccomp filtering.
-fn assert_restricted(stdout: &str) {
+pub(crate) fn assert_restricted(stdout: &str) {
     for cap in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
         assert!(
             stdout.contains(&format!("{cap}:\t0000000000000000")),
@@ -826,7 +826,7 @@ fn shared_with_fork_server(child_pid: &str) -> (Vec<(i32, i32)>, usize) {
 
 /// Run `code` (which starts `marker` as a child and waits for it) and, while it runs, list
 /// the files its program shares with the fork server.
-async fn shared_files(
+pub(crate) async fn shared_files(
     engine: &Arc<Engine>,
     language: &str,
     code: &str,

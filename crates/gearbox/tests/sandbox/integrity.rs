@@ -3,8 +3,8 @@
 //!
 //! Paths: `cold` (a helper per run), `warm` (the default pool: helper-built warm sandboxes,
 //! or the fork servers where the host has root and cgroups), and, where the host has root
-//! and cgroups, each fork server on its own (`python-fork`, `javascript-fork`). Each check
-//! names the path in its failure message.
+//! and cgroups, each fork server on its own (`python-fork`, `javascript-fork`, and the exec
+//! fork server as `bash-fork`). Each check names the path in its failure message.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,12 +24,10 @@ fn engine_with(pool: PoolConfig) -> Arc<Engine> {
 }
 
 /// The paths a run of `language` can take on this host, each with an engine that takes it:
-/// `cold`, and the warm one (`{language}-fork` where a fork server serves the language,
-/// else `warm`, a helper-built warm sandbox).
+/// `cold`, and the warm one (`{language}-fork` where fork servers run: Python's and Node's
+/// own, the exec fork server for the others; else `warm`, a helper-built warm sandbox).
 pub(crate) fn paths(language: &str) -> Vec<(String, Arc<Engine>)> {
-    let warm = if matches!(language, "python" | "javascript")
-        && root_and_cgroups("fork-server paths of the integrity checks")
-    {
+    let warm = if root_and_cgroups("fork-server paths of the integrity checks") {
         format!("{language}-fork")
     } else {
         "warm".to_string()
@@ -591,4 +589,26 @@ async fn require_limits_refuses_only_hosts_without_whole_run_limits() {
         .await
         .expect("run task");
     assert_eq!(o.status, Status::Denied, "{o:?}");
+}
+
+/// A program starts with every signal at its default disposition and none blocked, as
+/// under a shell: whatever the server, its helper (Rust ignores SIGPIPE) or a fork server
+/// ignored does not survive into it. A pipeline's writer then dies of SIGPIPE.
+#[tokio::test]
+async fn a_program_starts_with_default_signal_dispositions() {
+    for (path, engine) in paths("bash") {
+        let o = on(
+            &path,
+            &engine,
+            run(
+                "bash",
+                "grep -E '^Sig(Ign|Blk):' /proc/self/status\nyes | head -c 2 > /dev/null; echo \"pipe ${PIPESTATUS[0]}\"",
+            ),
+        )
+        .await;
+        assert_eq!(
+            o.stdout, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\npipe 141\n",
+            "bash on {path}: {o:?}"
+        );
+    }
 }

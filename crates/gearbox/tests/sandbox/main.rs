@@ -12,6 +12,7 @@ mod cgroups;
 mod display;
 mod escape;
 mod exec;
+mod exec_fork_server;
 mod fork_server;
 mod integrity;
 mod network;

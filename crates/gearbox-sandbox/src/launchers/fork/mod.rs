@@ -20,13 +20,15 @@
 
 #![allow(non_camel_case_types, clippy::missing_safety_doc)]
 
-// One crate root in both builds of these files: `build.rs` compiles this file with rustc as
-// the shared object, and the crate's `fork` example (`Cargo.toml`) compiles it again as a
-// cdylib so that `cargo clippy --all-targets` lints it. Every module is named by `#[path]`,
-// which resolves the same in both.
+// One crate root in three builds of these files: `build.rs` compiles this file with rustc as
+// the shared object, the crate's `fork` example (`Cargo.toml`) compiles it again as a cdylib
+// so that `cargo clippy --all-targets` lints it, and the crate itself links it as a module
+// (`fork_native`) for the exec fork server (`jail/exec_zygote.rs`), which serves languages
+// that run by `execve` from the gearbox binary itself. Every module is named by `#[path]`,
+// which resolves the same in all three.
 
 #[path = "config.rs"]
-mod config;
+pub(crate) mod config;
 #[path = "entropy.rs"]
 mod entropy;
 #[path = "message.rs"]
@@ -39,6 +41,6 @@ mod restrict;
 #[path = "../../restriction.rs"]
 mod restriction;
 #[path = "serve.rs"]
-mod serve;
+pub(crate) mod serve;
 #[path = "sys.rs"]
 mod sys;

@@ -1,0 +1,191 @@
+//! The exec fork server: warm sandboxes for languages whose program is an `execve` (Bash, Go,
+//! any language without an in-process launcher), built by the same native loop as Python's
+//! and Node's fork servers (`launchers/fork/`, linked into this binary as `fork_native`).
+//!
+//! Without it, each such warm sandbox is a helper of its own: an exec of the gearbox binary,
+//! a set of namespaces and a root built from scratch (~20 ms of CPU per sandbox, more than a
+//! Bash run itself). Here the helper's init forks one process that keeps what a fork server
+//! keeps (CAP_SYS_ADMIN and CAP_NET_ADMIN inside the sandbox's user namespace, an empty
+//! bounding set, nice 10) and enters the native loop, never exec'ing: each slot is a clone
+//! into fresh namespaces, its init and its program restricted exactly as an interpreter's
+//! fork server restricts them. The program then reads its hand-over on fd 0, writes the
+//! run's files into its fresh `/work`, lowers its rlimits to the run's, says `started` and
+//! `execve`s the run's command, which replaces everything this process held: no memory of
+//! the fork server, the helper or another run survives the exec, and every fd above stderr
+//! closes with it. Nothing is shared between runs but the read-only root.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::mem::ManuallyDrop;
+use std::os::fd::{FromRawFd, RawFd};
+use std::path::Path;
+
+use gearbox_core::Limits;
+
+use crate::fork_native::config::gb_config;
+use crate::fork_native::serve::{Handed, gb_serve};
+use crate::step::{AtStep, Step, StepError};
+use crate::wire::{FORK_SERVER_FD, read_handover};
+
+/// The name the pool and the helper know the exec fork server by (`Pooled::launcher`).
+pub(crate) use crate::fork_server::EXEC_FORK_SERVER as EXEC_ZYGOTE;
+
+/// Serve slots on the control socket (fd 4) until it closes, in a fresh fork of init.
+/// Returns only if it could not start (init's status pipe is still open to say so); in a
+/// program, never returns (it execs or exits).
+pub(super) fn serve(limits: &Limits, nice: i32) -> std::io::Error {
+    let last = std::io::Error::last_os_error;
+    if let Err(e) = super::init::keep_fork_server_caps(false) {
+        return e;
+    }
+    // Every program inherits these through its forks and keeps them past its exec: each
+    // disposition at its default and nothing blocked, as on the cold path (each run's init
+    // sets SIGCHLD, ignored below, back to its default).
+    super::reset_signals();
+    // SAFETY: setpriority, signal and prctl take integers.
+    unsafe {
+        if libc::setpriority(libc::PRIO_PROCESS, 0, nice) != 0 {
+            return last();
+        }
+        // The runs' inits are children of the fork server until they end: the kernel reaps
+        // them.
+        libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+        // Init changed its ids (root to the sandbox user), which left it not dumpable: its
+        // /proc files belong to root, and each run's init could not write its own id maps.
+        // An exec'd fork server is dumpable again after its exec; this one says so.
+        if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
+            return last();
+        }
+    }
+    // SAFETY: one thread (a fork of the single-threaded init); the config lives as long as
+    // this process.
+    let config = unsafe {
+        gb_config(
+            FORK_SERVER_FD,
+            limits.disk_mb,
+            limits.open_files,
+            limits.cpu_rlimit_secs(),
+        )
+    };
+    if config.is_null() {
+        return std::io::Error::other("read the seccomp filters");
+    }
+    // SAFETY: a static string; then close_range on fd numbers of this process. Only stdio
+    // and the control socket stay open (the exec of an interpreter's fork server keeps the
+    // same): from here on a failure is told on stderr, which the server logs.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"gb-zygote".as_ptr(), 0, 0, 0);
+        let control = FORK_SERVER_FD as u32;
+        libc::syscall(libc::SYS_close_range, 3u32, control - 1, 0u32);
+        libc::syscall(libc::SYS_close_range, control + 1, u32::MAX, 0u32);
+    }
+    let mut handed = Handed { chan: -1 };
+    // SAFETY: a valid config and out pointer; this process has one thread.
+    match unsafe { gb_serve(config, &mut handed) } {
+        0 => program(handed.chan, limits),
+        1 => {
+            // SAFETY: the control socket closed: the server is done with this fork server.
+            unsafe { libc::_exit(0) }
+        }
+        _ => {
+            eprintln!("gearbox: exec fork server: install the fork server's seccomp filters");
+            // SAFETY: ends this process.
+            unsafe { libc::_exit(1) }
+        }
+    }
+}
+
+/// A slot's program, restricted by the native loop, its stdio on 0, 1 and 2 and its control
+/// socket `chan` (close-on-exec): read the run, then become it.
+fn program(chan: RawFd, slot: &Limits) -> ! {
+    let (path, argv, envp) = match prepare(slot) {
+        Ok(p) => p,
+        Err(e) => {
+            failed(chan, &e);
+            // SAFETY: ends this process.
+            unsafe { libc::_exit(127) }
+        }
+    };
+    send(chan, br#"{"t":"started"}"#);
+    // SAFETY: close_range with CLOEXEC only sets flags: everything above stderr, the control
+    // socket included, closes at exec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    let err = nix::unistd::execve(&path, &argv, &envp).err();
+    // Still here: the exec failed, and the control socket is still open to say so.
+    failed(
+        chan,
+        &StepError::new(
+            Step::Execve,
+            format!(
+                "{}: {}",
+                path.to_string_lossy(),
+                err.map(|e| e.desc()).unwrap_or("failed")
+            ),
+        ),
+    );
+    // SAFETY: ends this process.
+    unsafe { libc::_exit(127) }
+}
+
+type Command = (CString, Vec<CString>, Vec<CString>);
+
+/// Read the hand-over, write the run's files, lower the rlimits to the run's (never above
+/// the slot's), and build the command to exec.
+fn prepare(slot: &Limits) -> Result<Command, StepError> {
+    // SAFETY: fd 0 is the run's stdin pipe; ManuallyDrop keeps it open for the program.
+    let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+    let (handover, files) = read_handover(&mut *stdin).step(Step::ReadHandOver)?;
+    super::mount::write_files(Path::new("/work"), &handover.files, &files)?;
+    let run = handover.limits.unwrap_or(*slot);
+    let mib = 1024 * 1024;
+    let fsize = slot.file_size_mb.min(run.file_size_mb) * mib;
+    let nofile = slot.open_files.min(run.open_files);
+    let cpu_s = slot
+        .cpu_rlimit_secs()
+        .min(handover.cpu_s.unwrap_or(u64::MAX));
+    use nix::sys::resource::{Resource, setrlimit};
+    setrlimit(Resource::RLIMIT_FSIZE, fsize, fsize).step(Step::Rlimit("fsize"))?;
+    setrlimit(Resource::RLIMIT_NOFILE, nofile, nofile).step(Step::Rlimit("nofile"))?;
+    setrlimit(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1).step(Step::Rlimit("cpu"))?;
+    let argv = handover
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<Vec<_>, _>>()
+        .step(Step::PrepareArgv)?;
+    let envp = handover
+        .env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .step(Step::PrepareEnvironment)?;
+    let path = argv
+        .first()
+        .cloned()
+        .ok_or_else(|| StepError::new(Step::PrepareArgv, "empty command"))?;
+    Ok((path, argv, envp))
+}
+
+fn failed(chan: RawFd, e: &StepError) {
+    // A packet the server reads whole: the message is shortened, never the JSON.
+    let message: String = e.message.chars().take(3000).collect();
+    let msg = serde_json::json!({
+        "t": "failed",
+        "step": e.step.to_string(),
+        "message": message,
+    });
+    send(chan, msg.to_string().as_bytes());
+}
+
+/// One message on the slot's control socket (`SOCK_SEQPACKET`: one write, one packet).
+fn send(chan: RawFd, msg: &[u8]) {
+    // SAFETY: sends a buffer that lives on this frame on a socket of this process.
+    unsafe { libc::send(chan, msg.as_ptr().cast(), msg.len(), libc::MSG_NOSIGNAL) };
+}
