@@ -27,15 +27,12 @@ use crate::fork_native::serve::{Handed, gb_serve};
 use crate::step::{AtStep, Step, StepError};
 use crate::wire::{FORK_SERVER_FD, read_handover};
 
-/// The name the pool and the helper know the exec fork server by (`Pooled::launcher`).
-pub(crate) use crate::fork_server::EXEC_FORK_SERVER as EXEC_ZYGOTE;
-
 /// Serve slots on the control socket (fd 4) until it closes, in a fresh fork of init.
 /// Returns only if it could not start (init's status pipe is still open to say so); in a
 /// program, never returns (it execs or exits).
 pub(super) fn serve(limits: &Limits, nice: i32) -> std::io::Error {
     let last = std::io::Error::last_os_error;
-    if let Err(e) = super::init::keep_fork_server_caps(false) {
+    if let Err(e) = keep_fork_server_caps(false) {
         return e;
     }
     // Every program inherits these through its forks and keeps them past its exec: each
@@ -188,4 +185,76 @@ fn failed(chan: RawFd, e: &StepError) {
 fn send(chan: RawFd, msg: &[u8]) {
     // SAFETY: sends a buffer that lives on this frame on a socket of this process.
     unsafe { libc::send(chan, msg.as_ptr().cast(), msg.len(), libc::MSG_NOSIGNAL) };
+}
+
+/// Capabilities a fork server keeps: new namespaces and mounts, and the loopback interface.
+/// (`linux/capability.h`: CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21.) Its bounding set is emptied
+/// before serving (with CAP_SETPCAP 8, which it does not keep), so every process it forks
+/// starts with an empty bounding set.
+const FORK_SERVER_CAPS: [u32; 2] = [12, 21];
+const CAP_SETPCAP: u32 = 8;
+
+/// Keep only [`FORK_SERVER_CAPS`] (effective and permitted; also ambient when `for_exec`, so
+/// that they survive the exec of an interpreter) and empty the bounding set, so that every
+/// process the fork server forks starts with an empty one.
+pub(super) fn keep_fork_server_caps(for_exec: bool) -> std::io::Result<()> {
+    let last = std::io::Error::last_os_error;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    for cap in FORK_SERVER_CAPS {
+        let (i, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
+        data[i].effective |= bit;
+        data[i].permitted |= bit;
+        data[i].inheritable |= bit;
+    }
+    let kept = data;
+    // Kept until the bounding set is empty; dropped below (or by the exec: not ambient).
+    data[0].effective |= 1 << CAP_SETPCAP;
+    data[0].permitted |= 1 << CAP_SETPCAP;
+    // SAFETY: capset reads a v3 header and two data structs on this stack frame; prctl takes
+    // integers only.
+    unsafe {
+        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
+            return Err(last());
+        }
+        if for_exec {
+            for cap in FORK_SERVER_CAPS {
+                if libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                    cap as libc::c_ulong,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(last());
+                }
+            }
+        }
+        // The ambient set survives this; prctl fails (EINVAL) past the kernel's last cap.
+        for cap in 0..64 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0 {
+                break;
+            }
+        }
+        if !for_exec && libc::syscall(libc::SYS_capset, &header, kept.as_ptr()) != 0 {
+            return Err(last());
+        }
+    }
+    Ok(())
 }

@@ -295,7 +295,7 @@ fn start_fork_server(
             "a fork server needs a launcher",
         ));
     };
-    let in_process = name == super::exec_zygote::EXEC_ZYGOTE;
+    let in_process = name == crate::fork_server::EXEC_FORK_SERVER;
     let argv_c = argv
         .iter()
         .map(|a| std::ffi::CString::new(a.as_str()))
@@ -326,13 +326,6 @@ fn start_fork_server(
     }
 }
 
-/// Capabilities a fork server keeps: new namespaces and mounts, and the loopback interface.
-/// (`linux/capability.h`: CAP_NET_ADMIN 12, CAP_SYS_ADMIN 21.) Its bounding set is emptied
-/// before exec (with CAP_SETPCAP 8, which it does not keep), so every process it forks
-/// starts with an empty bounding set.
-const FORK_SERVER_CAPS: [u32; 2] = [12, 21];
-const CAP_SETPCAP: u32 = 8;
-
 fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
     // SAFETY: fcntl/close_range on fd numbers of this process: everything above stderr but
     // the control socket closes at exec.
@@ -348,7 +341,7 @@ fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> s
             libc::CLOSE_RANGE_CLOEXEC,
         );
     }
-    if let Err(e) = keep_fork_server_caps(true) {
+    if let Err(e) = super::exec_zygote::keep_fork_server_caps(true) {
         return e;
     }
     // SAFETY: setpriority takes integers.
@@ -359,71 +352,6 @@ fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> s
         Err(e) => e.into(),
         Ok(never) => match never {},
     }
-}
-
-/// Keep only [`FORK_SERVER_CAPS`] (effective and permitted; also ambient when `for_exec`, so
-/// that they survive the exec of an interpreter) and empty the bounding set, so that every
-/// process the fork server forks starts with an empty one.
-pub(super) fn keep_fork_server_caps(for_exec: bool) -> std::io::Result<()> {
-    let last = std::io::Error::last_os_error;
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let header = Header {
-        version: 0x2008_0522,
-        pid: 0,
-    };
-    let mut data = [Data::default(); 2];
-    for cap in FORK_SERVER_CAPS {
-        let (i, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
-        data[i].effective |= bit;
-        data[i].permitted |= bit;
-        data[i].inheritable |= bit;
-    }
-    let kept = data;
-    // Kept until the bounding set is empty; dropped below (or by the exec: not ambient).
-    data[0].effective |= 1 << CAP_SETPCAP;
-    data[0].permitted |= 1 << CAP_SETPCAP;
-    // SAFETY: capset reads a v3 header and two data structs on this stack frame; prctl takes
-    // integers only.
-    unsafe {
-        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
-            return Err(last());
-        }
-        if for_exec {
-            for cap in FORK_SERVER_CAPS {
-                if libc::prctl(
-                    libc::PR_CAP_AMBIENT,
-                    libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
-                    cap as libc::c_ulong,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(last());
-                }
-            }
-        }
-        // The ambient set survives this; prctl fails (EINVAL) past the kernel's last cap.
-        for cap in 0..64 {
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0 {
-                break;
-            }
-        }
-        if !for_exec && libc::syscall(libc::SYS_capset, &header, kept.as_ptr()) != 0 {
-            return Err(last());
-        }
-    }
-    Ok(())
 }
 
 /// Become the sandbox user (keeping capabilities inside the namespace), then build the root.

@@ -116,7 +116,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
                 write_fork_server_files(root, spec)?;
             }
             // The exec fork server runs the binary's own code: no script.
-            Some(name).filter(|n| n.as_str() != super::exec_zygote::EXEC_ZYGOTE)
+            Some(name).filter(|n| n.as_str() != crate::fork_server::EXEC_FORK_SERVER)
         }
         _ => spec.live.as_ref(),
     };
