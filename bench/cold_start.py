@@ -6,12 +6,19 @@ made at once after launch).
     .venv/bin/python bench/cold_start.py [--gearbox PATH] [--rounds 7]
 
 Each round launches the server through the official MCP Python SDK, initializes, makes one
-Python `print(1)` call, checks its answer and closes. Prints the median and range per
-configuration and the first call's `setup_us` (hundreds of µs: served warm).
+Python `print(1)` call, checks its answer and closes; then the same with a bare JSON-lines
+client (initialize, tools/list, the call: what the SDK sends, without its own work). Prints
+the median and range per configuration and client, and the first call's `setup_us`.
+
+The two clients differ by what the SDK does on its side before it hands the first result
+over: it compiles a validator for the tool's output schema once per session (jsonschema's
+`check_schema` of gearbox's 2020-12 schema, ~25 ms here; see docs/PERFORMANCE.md).
 """
 
 import argparse
 import asyncio
+import json
+import subprocess
 import statistics
 import tempfile
 import time
@@ -38,6 +45,36 @@ async def first_call(gearbox: str, args: list[str]) -> tuple[float, int]:
             return ms, int(sc.get("setup_us") or 0)
 
 
+def raw_first_call(gearbox: str, args: list[str]) -> tuple[float, int]:
+    t = time.perf_counter()
+    p = subprocess.Popen([gearbox, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL)
+    try:
+        def ask(msg: dict) -> dict:
+            p.stdin.write((json.dumps(msg) + "\n").encode())
+            p.stdin.flush()
+            while True:
+                answer = json.loads(p.stdout.readline())
+                if answer.get("id") == msg.get("id"):
+                    return answer
+        ask({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                        "clientInfo": {"name": "cold-start", "version": "0"}}})
+        p.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        ask({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
+        r = ask({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                 "params": {"name": "execute_code",
+                            "arguments": {"language": "python", "code": "print(1)"}}})
+        ms = (time.perf_counter() - t) * 1000
+        sc = r["result"].get("structuredContent") or {}
+        if sc.get("stdout") != "1\n":
+            raise SystemExit(f"wrong first answer: {r}")
+        return ms, int(sc.get("setup_us") or 0)
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gearbox", default=str(ROOT / "target/release/gearbox"))
@@ -47,11 +84,14 @@ async def main() -> None:
         nopool = Path(d) / "nopool.toml"
         nopool.write_text("pool = {}\n")
         configs = {"default pool": ["serve"], "pool = {}": ["--config", str(nopool), "serve"]}
-        got: dict[str, list[tuple[float, int]]] = {k: [] for k in configs}
+        got: dict[str, list[tuple[float, int]]] = {}
         for _ in range(a.rounds):
             for name, args in configs.items():
-                got[name].append(await first_call(a.gearbox, args))
-    print("| configuration | median ms | min–max ms | first call's setup_us (median) |")
+                got.setdefault(f"{name}, SDK client", []).append(
+                    await first_call(a.gearbox, args))
+                got.setdefault(f"{name}, JSON-lines client", []).append(
+                    raw_first_call(a.gearbox, args))
+    print("| configuration, client | median ms | min–max ms | first call's setup_us (median) |")
     print("|---|---|---|---|")
     for name, rows in got.items():
         ms = [r[0] for r in rows]

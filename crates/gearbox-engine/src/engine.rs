@@ -44,6 +44,9 @@ pub struct LanguageInfo {
     pub unavailable: Option<String>,
 }
 
+/// How long the other languages' pools wait at start for the first one's first sandbox.
+const STAGGER_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub struct Engine {
     config: Config,
     /// The helper binary (live sessions spawn it themselves).
@@ -117,6 +120,11 @@ impl Engine {
             self.pool.set_idle(self.config.pool.idle());
             self.pool
                 .set_max_total(self.config.pool.max_total(&self.config.concurrency));
+            // The first language fills at once, the others once it has a sandbox ready (or
+            // after `STAGGER_MAX`): on two cores, three fork servers starting together made
+            // a call that came right after launch wait for all of them (bench/cold_start.py).
+            let first = self.first_pooled_language();
+            let mut later = Vec::new();
             for (language, &size) in &self.config.pool.languages {
                 if size.max == 0 {
                     continue;
@@ -136,12 +144,55 @@ impl Engine {
                             self.pool
                                 .keep_for_network(job.clone(), egress.runtime_root().to_path_buf());
                         }
-                        self.pool.keep(job, size.min, size.max)
+                        if Some(language) == first.as_ref() {
+                            self.pool.keep(job, size.min, size.max)
+                        } else {
+                            later.push((job, size.min, size.max));
+                        }
                     }
                     Err(e) => tracing::warn!(%language, error = %e, "no warm pool"),
                 }
             }
+            if later.is_empty() {
+                return;
+            }
+            let pool = Arc::clone(&self.pool);
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            rt.spawn(async move {
+                let until = tokio::time::Instant::now() + STAGGER_MAX;
+                while tokio::time::Instant::now() < until
+                    && !pool
+                        .stats()
+                        .iter()
+                        .any(|s| !s.network && Some(&s.language) == first.as_ref() && s.ready > 0)
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                for (job, min, max) in later {
+                    pool.keep(job, min, max);
+                }
+            });
         });
+    }
+
+    /// The language whose pool fills first at start: Python when it has one, else the first
+    /// configured.
+    fn first_pooled_language(&self) -> Option<String> {
+        let pooled: Vec<&String> = self
+            .config
+            .pool
+            .languages
+            .iter()
+            .filter(|(_, size)| size.max > 0)
+            .map(|(l, _)| l)
+            .collect();
+        pooled
+            .iter()
+            .find(|l| l.as_str() == "python")
+            .or(pooled.first())
+            .map(|l| l.to_string())
     }
 
     /// The server is leaving: drop the warm sandboxes and stop the fork servers, which

@@ -161,6 +161,8 @@ pub(crate) struct ForkServer {
     /// Slots asked for so far, and when it started (see [`ForkServerLife`]).
     served: std::sync::atomic::AtomicU64,
     born: Instant,
+    /// Whether a slot of it was ever ready: its interpreter has started.
+    built: std::sync::atomic::AtomicBool,
 }
 
 impl ForkServer {
@@ -231,7 +233,13 @@ impl ForkServer {
             stopping,
             served: std::sync::atomic::AtomicU64::new(0),
             born: Instant::now(),
+            built: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// Whether a slot of it was ever ready (it serves in milliseconds from then on).
+    pub fn has_built(&self) -> bool {
+        self.built.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether it has served its [`ForkServerLife`]: a fresh one takes its place.
@@ -376,6 +384,7 @@ impl ForkServer {
              run"
             .into(),
         );
+        self.built.store(true, std::sync::atomic::Ordering::Relaxed);
         // Registered with the runtime now, so that a run's first write and reads do not wait
         // for the reactor to learn the pipes' readiness.
         let spawn = SandboxError::Spawn;

@@ -517,6 +517,11 @@ impl WarmPool {
                     return None;
                 }
             }
+            // A fork server that has not built a slot yet is still starting its interpreter
+            // (tens of ms, more than a cold run): the run starts cold beside it.
+            if !self.fork_server_serving(&k).await {
+                return None;
+            }
             if let Some(w) = self.take(job, false) {
                 return Some(w);
             }
@@ -711,6 +716,15 @@ impl WarmPool {
         let spec = spec_for(Mode::Linux, &job, Some(pooled));
         let sp = spawn(&self.helper, &spec).await?;
         Ok(Warm::Granted(sp, dir))
+    }
+
+    /// Whether `k`'s fork server runs and has built a slot (so the next is milliseconds away).
+    async fn fork_server_serving(&self, k: &str) -> bool {
+        let servers = self.fork_servers.lock().await;
+        servers
+            .get(k)
+            .and_then(|s| s.server.as_ref())
+            .is_some_and(|z| z.alive() && z.has_built())
     }
 
     /// A slot of `k`'s fork server, starting the server when it is not running.
