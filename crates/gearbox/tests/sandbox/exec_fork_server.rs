@@ -277,3 +277,29 @@ async fn bash_forked_program_holds_no_file_of_the_fork_server() {
     let shared = shared_files(&engine, "bash", "sleep 1.7323", "sleep 1.7323").await;
     assert!(shared.is_empty(), "bash program shares {shared:?}");
 }
+
+/// Go (compiled by `go run` in the run, its build cache shared read-only) is served by the
+/// exec fork server too: twice in a row, each a pool hit, each with a fresh workspace.
+#[tokio::test]
+async fn go_is_served_by_the_exec_fork_server() {
+    if !root_and_cgroups("exec fork server tests") {
+        return;
+    }
+    let engine = forked_engine_for("go", 1);
+    for _ in 0..2 {
+        let o = forked(
+            &engine,
+            run(
+                "go",
+                "package main\n\nimport (\"fmt\"; \"os\")\n\nfunc main() {\n\t_, err := os.Stat(\"state\")\n\tfmt.Println(\"hello\", os.IsNotExist(err))\n\tos.WriteFile(\"state\", nil, 0o644)\n}\n",
+            )
+            .timeout_ms(30_000),
+        )
+        .await;
+        assert_eq!(
+            (o.status, o.stdout.as_str()),
+            (Status::Ok, "hello true\n"),
+            "{o:?}"
+        );
+    }
+}
