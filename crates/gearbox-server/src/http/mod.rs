@@ -113,8 +113,9 @@ pub struct AppState {
 }
 
 /// Counts MCP POSTs from their arrival until their response body has been sent or dropped,
-/// so that shutdown ends the sessions only after the last running call's answer went out
-/// (a run's slot is freed before its answer is written).
+/// and the requests of legacy SSE sessions until their answer has gone out on the session's
+/// stream (`sse.rs`), so that shutdown ends the sessions only after the last running call's
+/// answer went out (a run's slot is freed before its answer is written).
 #[derive(Default)]
 pub struct Responding {
     open: std::sync::atomic::AtomicUsize,
@@ -122,7 +123,7 @@ pub struct Responding {
 }
 
 /// Held for one POST; dropped with its response body.
-struct RespondingGuard(Arc<Responding>);
+pub(crate) struct RespondingGuard(Arc<Responding>);
 
 impl Drop for RespondingGuard {
     fn drop(&mut self) {
@@ -138,7 +139,7 @@ impl Drop for RespondingGuard {
 }
 
 impl Responding {
-    fn enter(self: &Arc<Self>) -> RespondingGuard {
+    pub(crate) fn enter(self: &Arc<Self>) -> RespondingGuard {
         self.open.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         RespondingGuard(self.clone())
     }
@@ -522,6 +523,7 @@ pub fn app(state: AppState) -> Router {
         server: state.server.clone(),
         sessions: state.sse_sessions.clone(),
         shutdown: state.shutdown.child_token(),
+        responding: state.responding.clone(),
     };
     let keyed = |r: Router| {
         r.layer(middleware::from_fn_with_state(

@@ -18,10 +18,11 @@ use axum::response::{IntoResponse, Response};
 use futures::channel::mpsc;
 use futures::{SinkExt, Stream, StreamExt};
 use rmcp::ServiceExt;
-use rmcp::model::{ClientJsonRpcMessage, GetExtensions};
+use rmcp::model::{ClientJsonRpcMessage, GetExtensions, RequestId, ServerJsonRpcMessage};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use super::{Responding, RespondingGuard};
 use crate::{Caller, GearboxServer};
 
 /// Messages a session buffers in each direction.
@@ -32,7 +33,12 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 struct Session {
     to_server: mpsc::Sender<ClientJsonRpcMessage>,
     caller: String,
+    /// Requests posted and not answered yet on the stream: each holds shutdown back until
+    /// its answer has gone out (see [`Responding`]).
+    pending: Pending,
 }
+
+type Pending = Arc<Mutex<HashMap<RequestId, RespondingGuard>>>;
 
 /// The open SSE sessions.
 #[derive(Default)]
@@ -61,6 +67,8 @@ pub struct SseState {
     pub sessions: Arc<Sessions>,
     /// Cancelled at shutdown: every session ends.
     pub shutdown: CancellationToken,
+    /// What shutdown waits for before it ends the sessions.
+    pub responding: Arc<Responding>,
 }
 
 /// Removes the session and cancels it when its stream is dropped (the client left).
@@ -88,11 +96,13 @@ pub async fn open(State(state): State<SseState>, req: Request<Body>) -> Response
     let (to_server, from_client) = mpsc::channel::<ClientJsonRpcMessage>(CHANNEL);
     let (to_client, from_server) = mpsc::channel(CHANNEL);
     let ct = state.shutdown.child_token();
+    let pending = Pending::default();
     state.sessions.lock().insert(
         id.clone(),
         Session {
             to_server,
             caller: caller.clone(),
+            pending: pending.clone(),
         },
     );
     let server = state.server.clone();
@@ -117,19 +127,30 @@ pub async fn open(State(state): State<SseState>, req: Request<Body>) -> Response
         ct: ct.clone(),
     };
     let endpoint = futures::stream::once(async move {
-        Event::default()
+        let endpoint = Event::default()
             .event("endpoint")
-            .data(format!("/messages?sessionId={id}"))
+            .data(format!("/messages?sessionId={id}"));
+        (endpoint, None)
     });
-    let messages = from_server.map(|msg: rmcp::model::ServerJsonRpcMessage| {
+    let messages = from_server.map(move |msg: ServerJsonRpcMessage| {
         let data = serde_json::to_string(&msg).unwrap_or_default();
-        Event::default().event("message").data(data)
+        // Its answer is on its way: the request no longer holds shutdown back (dropped once
+        // this event is handed to the connection).
+        let answered = match &msg {
+            ServerJsonRpcMessage::Response(r) => Some(&r.id),
+            ServerJsonRpcMessage::Error(e) => e.id.as_ref(),
+            _ => None,
+        };
+        let done =
+            answered.and_then(|id| pending.lock().unwrap_or_else(|p| p.into_inner()).remove(id));
+        (Event::default().event("message").data(data), done)
     });
     let stream = endpoint
         .chain(messages)
         .take_until(ct.cancelled_owned())
-        .map(move |e| {
+        .map(move |(e, done)| {
             let _keep = &guard;
+            drop(done);
             Ok::<_, Infallible>(e)
         });
     Sse::new(Box::pin(stream)
@@ -165,7 +186,7 @@ pub async fn post(
         .get::<Caller>()
         .map_or("anonymous", |c| c.name.as_str())
         .to_string();
-    let mut tx = {
+    let (mut tx, pending) = {
         let sessions = state.sessions.lock();
         let Some(s) = sessions.get(&id) else {
             return plain(StatusCode::NOT_FOUND, "unknown or closed session");
@@ -176,7 +197,7 @@ pub async fn post(
                 "this session belongs to another API key",
             );
         }
-        s.to_server.clone()
+        (s.to_server.clone(), s.pending.clone())
     };
     // The body limit layer bounds this read.
     let bytes = match axum::body::to_bytes(body, usize::MAX).await {
@@ -197,16 +218,33 @@ pub async fn post(
             );
         }
     };
+    let mut request = None;
     match &mut msg {
         ClientJsonRpcMessage::Request(r) => {
             r.request.extensions_mut().insert(parts);
+            // A request's entry leaves with its answer, or with the session.
+            pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(r.id.clone(), state.responding.enter());
+            request = Some(r.id.clone());
         }
         ClientJsonRpcMessage::Notification(n) => {
             n.notification.extensions_mut().insert(parts);
         }
         _ => {}
     }
-    match tokio::time::timeout(Duration::from_secs(10), tx.send(msg)).await {
+    let sent = tokio::time::timeout(Duration::from_secs(10), tx.send(msg)).await;
+    if !matches!(sent, Ok(Ok(())))
+        && let Some(id) = request
+    {
+        // Not queued: no answer will come for it.
+        pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+    match sent {
         Ok(Ok(())) => plain(StatusCode::ACCEPTED, "Accepted"),
         Ok(Err(_)) => plain(StatusCode::NOT_FOUND, "session closed"),
         Err(_) => {

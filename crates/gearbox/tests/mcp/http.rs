@@ -723,6 +723,37 @@ async fn sigterm_lets_a_running_run_finish_and_refuses_new_ones() {
     drop(second);
 }
 
+/// The next event with data of a legacy SSE stream; bounded in time.
+async fn next_event<B: AsRef<[u8]>>(
+    stream: &mut (impl futures::Stream<Item = reqwest::Result<B>> + Unpin),
+    buf: &mut String,
+) -> (String, String) {
+    loop {
+        if let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let mut event = String::from("message");
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(e) = line.strip_prefix("event:") {
+                    event = e.trim().to_string();
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    data.push_str(d.trim_start());
+                }
+            }
+            if data.is_empty() {
+                continue; // keep-alive comment
+            }
+            return (event, data);
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("event in time")
+            .expect("stream open")
+            .expect("chunk");
+        buf.push_str(&String::from_utf8_lossy(chunk.as_ref()));
+    }
+}
+
 #[tokio::test]
 async fn legacy_sse_transport_round_trip() {
     let d = Daemon::start(Opts::default()).await;
@@ -736,36 +767,6 @@ async fn legacy_sse_transport_round_trip() {
     assert_eq!(r.status(), 200);
     let mut stream = r.bytes_stream();
     let mut buf = String::new();
-    // The next event with data; bounded in time.
-    async fn next_event<B: AsRef<[u8]>>(
-        stream: &mut (impl futures::Stream<Item = reqwest::Result<B>> + Unpin),
-        buf: &mut String,
-    ) -> (String, String) {
-        loop {
-            if let Some(end) = buf.find("\n\n") {
-                let block: String = buf.drain(..end + 2).collect();
-                let mut event = String::from("message");
-                let mut data = String::new();
-                for line in block.lines() {
-                    if let Some(e) = line.strip_prefix("event:") {
-                        event = e.trim().to_string();
-                    } else if let Some(d) = line.strip_prefix("data:") {
-                        data.push_str(d.trim_start());
-                    }
-                }
-                if data.is_empty() {
-                    continue; // keep-alive comment
-                }
-                return (event, data);
-            }
-            let chunk = tokio::time::timeout(Duration::from_secs(30), stream.next())
-                .await
-                .expect("event in time")
-                .expect("stream open")
-                .expect("chunk");
-            buf.push_str(&String::from_utf8_lossy(chunk.as_ref()));
-        }
-    }
     let (event, endpoint) = next_event(&mut stream, &mut buf).await;
     assert_eq!(event, "endpoint");
     assert!(endpoint.starts_with("/messages?sessionId="), "{endpoint}");
@@ -810,6 +811,78 @@ async fn legacy_sse_transport_round_trip() {
     let lines = d.audit_lines();
     assert_eq!(lines.last().expect("a line")["transport"], "sse");
     assert_eq!(lines.last().expect("a line")["caller"], "bob");
+}
+
+/// Graceful drain on the legacy SSE transport: a call under way when SIGTERM comes is
+/// answered on the session's stream before the session ends (its answer is counted until
+/// it has gone out, as a Streamable HTTP answer is).
+#[tokio::test]
+async fn sigterm_lets_a_running_sse_call_be_answered() {
+    let mut d = Daemon::start(Opts {
+        config: "[http]\nshutdown_grace_ms = 30000\n",
+        ..Opts::default()
+    })
+    .await;
+    let r = http()
+        .get(d.url("/sse"))
+        .bearer_auth(BOB)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("sse");
+    assert_eq!(r.status(), 200);
+    let mut stream = r.bytes_stream();
+    let mut buf = String::new();
+    let (_, endpoint) = next_event(&mut stream, &mut buf).await;
+    let post = |body: Value| {
+        http()
+            .post(d.url(&endpoint))
+            .bearer_auth(BOB)
+            .json(&body)
+            .send()
+    };
+    let mut init = initialize_body();
+    init["params"]["protocolVersion"] = json!("2024-11-05");
+    assert_eq!(post(init).await.expect("post").status(), 202);
+    next_event(&mut stream, &mut buf).await;
+    let r = post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 202);
+    let marker = "3.4247";
+    let r = post(
+        json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "execute_code",
+        "arguments": {"language": "bash", "code": format!("sleep {marker}; echo finished")}}}),
+    )
+    .await
+    .expect("post");
+    assert_eq!(r.status(), 202);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_with(marker).is_empty() {
+        assert!(Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = d.child.id().expect("pid") as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let (_, data) = next_event(&mut stream, &mut buf).await;
+    let v: Value = serde_json::from_str(&data).expect("json");
+    assert_eq!(v["id"], 9, "{v}");
+    assert_eq!(
+        v["result"]["structuredContent"]["stdout"], "finished\n",
+        "{v}"
+    );
+    let status = tokio::time::timeout(Duration::from_secs(15), d.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("not stopped:\n{}", d.stderr()))
+        .expect("wait");
+    assert!(status.success(), "exit status {status:?}:\n{}", d.stderr());
+    assert!(
+        !d.stderr().contains("answers still being written"),
+        "{}",
+        d.stderr()
+    );
 }
 
 #[tokio::test]
