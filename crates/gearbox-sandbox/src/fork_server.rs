@@ -341,8 +341,15 @@ impl ForkServer {
         };
         let pid = pid.ok_or_else(|| setup(Step::BuildSlot, "no sender credentials".into()))?;
         let limits = self.limits;
-        let cgroup = tokio::task::spawn_blocking(move || {
-            Cgroup::create(&limits).and_then(|cg| cg.attach(pid).map(|()| cg))
+        // On v1 the slot's init moves itself in through the `tasks` files sent with `go`
+        // (`Cgroup::open_tasks`: no RCU wait, no host-wide stall of forks); elsewhere the
+        // server moves it.
+        let (cgroup, tasks) = tokio::task::spawn_blocking(move || {
+            let cg = Cgroup::create(&limits)?;
+            match cg.open_tasks() {
+                Some(Ok(tasks)) => Ok((cg, tasks)),
+                _ => cg.attach(pid).map(|()| (cg, Vec::new())),
+            }
         })
         .await
         .map_err(|e| setup(Step::JoinCgroup, e.to_string()))?
@@ -354,7 +361,18 @@ impl ForkServer {
             init_pid: 0,
             cgroup: Some(cgroup),
         };
-        send(&chan, b"{\"t\":\"go\"}").map_err(|e| setup(Step::BuildSlot, e.to_string()))?;
+        let fds: Vec<RawFd> = tasks.iter().map(AsRawFd::as_raw_fd).collect();
+        let rights = [ControlMessage::ScmRights(&fds)];
+        let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
+        sendmsg::<()>(
+            chan.get_ref().as_raw_fd(),
+            &[IoSlice::new(b"{\"t\":\"go\"}")],
+            cmsgs,
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .map_err(|e| setup(Step::BuildSlot, e.to_string()))?;
+        drop(tasks);
         let mut applied = false;
         let mut program = None;
         while guard.init.is_none() || !applied {
@@ -765,14 +783,6 @@ fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: a fresh fd returned by the kernel, owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-fn send(chan: &AsyncFd<OwnedFd>, msg: &[u8]) -> nix::Result<usize> {
-    nix::sys::socket::send(
-        chan.get_ref().as_raw_fd(),
-        msg,
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-    )
 }
 
 /// The next packet and its sender's pid (in this process's pid namespace); `None` at EOF.

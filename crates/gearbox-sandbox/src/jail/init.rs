@@ -28,6 +28,7 @@ pub fn main(
     go_r: OwnedFd,
     st_w: OwnedFd,
     filters: &[BpfProgram],
+    tasks: Option<Vec<OwnedFd>>,
 ) -> ! {
     // Our copy of the report fd must not stay open in the sandbox.
     // SAFETY: closing an fd number we do not otherwise use in this process.
@@ -39,6 +40,15 @@ pub fn main(
     let mut go = [0u8; 1];
     if !matches!(nix::unistd::read(&go_r, &mut go), Ok(1)) {
         exit(1);
+    }
+    // Into the run's cgroup first (v1: the helper opened each hierarchy's `tasks` file, see
+    // `Cgroup::open_tasks`), so that everything init builds is charged to the run.
+    if let Some(tasks) = tasks {
+        let joined = crate::cgroup::join_self(&tasks);
+        drop(tasks);
+        if let Err(e) = joined {
+            fail(&st_w, StepError::new(Step::JoinCgroup, e));
+        }
     }
     let t0 = std::time::Instant::now();
     if let Err(e) = setup(spec, files) {

@@ -48,6 +48,23 @@ pub fn run(
     let filters = seccomp::compile().step(Step::CompileSeccompPolicy)?;
     mark(report, "seccomp compiled");
     let env = crate::wire::with_display_env(crate::wire::program_env(&spec.env, "/work", "/tmp"));
+    // On v1 hierarchies the run's cgroup exists before init does and init moves itself in
+    // (`Cgroup::open_tasks`): no RCU wait, no host-wide stall of forks; elsewhere the
+    // helper moves init below, while init builds the root.
+    let mut cgroup = None;
+    let mut tasks = None;
+    if root {
+        match Cgroup::create(&spec.limits) {
+            Ok(cg) => {
+                // A `tasks` file that cannot be opened: the helper moves init instead.
+                tasks = cg.open_tasks().and_then(Result::ok);
+                cgroup = Some(cg);
+            }
+            Err(e) => report.enforced.push(format!("cgroup: unavailable ({e})")),
+        }
+    }
+    let joins_itself = tasks.is_some();
+    mark(report, "cgroup created");
     let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateSyncPipe)?;
     let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateStatusPipe)?;
 
@@ -80,25 +97,29 @@ pub fn run(
     if pid == 0 {
         drop(go_w);
         drop(st_r);
-        init::main(spec, &env, files, go_r, st_w, &filters);
+        init::main(spec, &env, files, go_r, st_w, &filters, tasks);
     }
+    drop(tasks);
     let init_pid = Pid::from_raw(pid as i32);
     mark(report, "cloned");
     drop(go_r);
     drop(st_w);
 
-    // Init builds the root while we create and join its cgroup: moving a process between
-    // cgroups may wait for an RCU grace period (milliseconds), so it overlaps the mounts.
-    let mut cgroup = None;
+    // Where init does not join its cgroup itself, it builds the root while we move it in:
+    // moving another process between cgroups may wait for an RCU grace period
+    // (milliseconds), so it overlaps the mounts.
     let released = (|| -> Result<(), StepError> {
         write_id_maps(init_pid, outer_uid, outer_gid)?;
         nix::unistd::write(&go_w, GO_BUILD).step(Step::ReleaseInit)?;
         mark(report, "released");
-        if root {
-            match Cgroup::create(&spec.limits)
-                .and_then(|cg| cg.attach(init_pid.as_raw()).map(|()| cg))
-            {
-                Ok(cg) => {
+        if let Some(cg) = cgroup.take() {
+            let joined = if joins_itself {
+                Ok(())
+            } else {
+                cg.attach(init_pid.as_raw())
+            };
+            match joined {
+                Ok(()) => {
                     report.enforced.extend(cg.describe());
                     cgroup = Some(cg);
                 }

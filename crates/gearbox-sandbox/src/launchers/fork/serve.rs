@@ -167,12 +167,24 @@ fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32)) -> Handed {
         unsafe { _exit(1) };
     }
     send_str(chan, "{\"t\":\"hello\"}");
-    let mut go = [0u8; 64];
-    // SAFETY: reads into a buffer on this stack frame.
-    if unsafe { recv(chan, go.as_mut_ptr().cast(), go.len(), 0) } <= 0 {
+    // `go`, with the `tasks` file of each of the run's v1 cgroups when the server sends them
+    // (opened by the server, which the kernel checks): init moves itself in, which takes no
+    // host-wide lock, where the server moving it would wait for an RCU grace period.
+    let mut tasks = [-1 as c_int; 8];
+    if receive(chan, &mut tasks) <= 0 {
         // SAFETY: ends this process.
         unsafe { _exit(0) };
     }
+    for &fd in tasks.iter().filter(|&&fd| fd >= 0) {
+        // SAFETY: writes one byte from a static to an fd this process received.
+        let n = unsafe { write(fd, b"0".as_ptr().cast(), 1) };
+        if n != 1 {
+            send_failed(chan, &Fail::new("join cgroup", errno()));
+            // SAFETY: ends this process.
+            unsafe { _exit(1) };
+        }
+    }
+    close_all(&tasks);
     if let Err(fail) = build(config) {
         send_failed(chan, &fail);
         // SAFETY: ends this process.
