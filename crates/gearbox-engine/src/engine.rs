@@ -144,7 +144,7 @@ impl Engine {
                             self.pool
                                 .keep_for_network(job.clone(), egress.runtime_root().to_path_buf());
                         }
-                        if Some(language) == first.as_ref() {
+                        if first.is_none() || Some(language) == first.as_ref() {
                             self.pool.keep(job, size.min, size.max)
                         } else {
                             later.push((job, size.min, size.max));
@@ -177,15 +177,16 @@ impl Engine {
         });
     }
 
-    /// The language whose pool fills first at start: Python when it has one, else the first
-    /// configured.
+    /// The language whose pool fills first at start: of those that keep a sandbox at rest
+    /// (`min` > 0; the others build nothing until a call comes), Python when it is one, else
+    /// the first configured.
     fn first_pooled_language(&self) -> Option<String> {
         let pooled: Vec<&String> = self
             .config
             .pool
             .languages
             .iter()
-            .filter(|(_, size)| size.max > 0)
+            .filter(|(_, size)| size.min > 0 && size.max > 0)
             .map(|(l, _)| l)
             .collect();
         pooled
