@@ -161,8 +161,15 @@ struct Meta {
 }
 
 impl Meta {
+    /// When it expires, in whole seconds. `last_used` is floored to its second, so the
+    /// expiry is one second past `last_used + ttl_secs`: a session idle for less than its
+    /// TTL is never expired (it could be by up to a second, and a check of the TTL caught it).
     fn expires(&self) -> Option<u64> {
-        (!(self.closed && self.persist)).then(|| self.last_used.saturating_add(self.ttl_secs))
+        (!(self.closed && self.persist)).then(|| {
+            self.last_used
+                .saturating_add(self.ttl_secs)
+                .saturating_add(1)
+        })
     }
     fn expired(&self, now: u64) -> bool {
         self.expires().is_some_and(|e| e <= now)
