@@ -1412,7 +1412,7 @@ async fn run_live(
         );
     }
     // The lease: one cell at a time, and using the session renews it.
-    let _guard = match scope.store.begin_run(&scope.id).await {
+    let guard = match scope.store.begin_run(&scope.id).await {
         Ok(g) => g,
         Err(e) => return refuse(e.to_string()),
     };
@@ -1436,6 +1436,10 @@ async fn run_live(
     let cell = interpreter
         .run_cell(&req.code, Duration::from_millis(timeout_ms), output)
         .await;
+    // Idle from now on: the session's TTL counts from the end of this cell.
+    if let Err(e) = scope.store.renew(&guard) {
+        tracing::debug!(session = %scope.id, error = %e, "renewing a live session's lease");
+    }
     if let (Some(calls), Some(t)) = (calls.as_mut(), s.tools.as_ref()) {
         calls.extend(t.take_records());
     }

@@ -500,8 +500,21 @@ impl SessionStore {
         self.write_meta(&id.dir_name(), &meta)?;
         Ok(RunGuard {
             id: *id,
+            stamped: meta.last_used,
             _guard: guard,
         })
+    }
+
+    /// Renew the lease of the session `run` holds as its use ends (a live cell), so that its
+    /// idle time counts from the end of its last use, not the start. Writes at most once a
+    /// second per session (times are whole seconds).
+    pub fn renew(&self, run: &RunGuard) -> Result<(), StoreError> {
+        if now_secs() <= run.stamped {
+            return Ok(());
+        }
+        let mut meta = self.live_meta(&run.id)?;
+        meta.last_used = now_secs();
+        self.write_meta(&run.id.dir_name(), &meta)
     }
 
     /// The session's files, to be copied into a run's workspace.
@@ -656,6 +669,8 @@ impl SessionStore {
 /// Held while a run uses a session.
 pub struct RunGuard {
     id: SessionId,
+    /// The `last_used` it stamped.
+    stamped: u64,
     _guard: tokio::sync::OwnedMutexGuard<()>,
 }
 
