@@ -14,13 +14,15 @@
 //! the fork server, the helper or another run survives the exec, and every fd above stderr
 //! closes with it. Nothing is shared between runs but the read-only root.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, RawFd};
 use std::path::Path;
 
 use gearbox_core::Limits;
+
+use super::message::Msg;
+use super::program;
 
 use crate::fork_native::config::gb_config;
 use crate::fork_native::serve::{Handed, gb_serve};
@@ -98,44 +100,23 @@ fn program(chan: RawFd, slot: &Limits) -> ! {
     let (path, argv, envp) = match prepare(slot) {
         Ok(p) => p,
         Err(e) => {
-            failed(chan, &e);
+            failed(chan, e);
             // SAFETY: ends this process.
             unsafe { libc::_exit(127) }
         }
     };
     send(chan, br#"{"t":"started"}"#);
-    // SAFETY: close_range with CLOEXEC only sets flags: everything above stderr, the control
-    // socket included, closes at exec.
-    unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    let err = nix::unistd::execve(&path, &argv, &envp).err();
+    // Everything above stderr, the control socket included, closes at exec.
+    program::close_on_exec_from(3);
     // Still here: the exec failed, and the control socket is still open to say so.
-    failed(
-        chan,
-        &StepError::new(
-            Step::Execve,
-            format!(
-                "{}: {}",
-                path.to_string_lossy(),
-                err.map(|e| e.desc()).unwrap_or("failed")
-            ),
-        ),
-    );
+    failed(chan, program::execve(&path, &argv, &envp));
     // SAFETY: ends this process.
     unsafe { libc::_exit(127) }
 }
 
-type Command = (CString, Vec<CString>, Vec<CString>);
-
 /// Read the hand-over, write the run's files, lower the rlimits to the run's (never above
 /// the slot's), and build the command to exec.
-fn prepare(slot: &Limits) -> Result<Command, StepError> {
+fn prepare(slot: &Limits) -> Result<program::Command, StepError> {
     // SAFETY: fd 0 is the run's stdin pipe; ManuallyDrop keeps it open for the program.
     let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
     let (handover, files) = read_handover(&mut *stdin).step(Step::ReadHandOver)?;
@@ -151,34 +132,18 @@ fn prepare(slot: &Limits) -> Result<Command, StepError> {
     setrlimit(Resource::RLIMIT_FSIZE, fsize, fsize).step(Step::Rlimit("fsize"))?;
     setrlimit(Resource::RLIMIT_NOFILE, nofile, nofile).step(Step::Rlimit("nofile"))?;
     setrlimit(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1).step(Step::Rlimit("cpu"))?;
-    let argv = handover
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_str()))
-        .collect::<Result<Vec<_>, _>>()
-        .step(Step::PrepareArgv)?;
-    let envp = handover
-        .env
-        .iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-        .step(Step::PrepareEnvironment)?;
-    let path = argv
-        .first()
-        .cloned()
-        .ok_or_else(|| StepError::new(Step::PrepareArgv, "empty command"))?;
-    Ok((path, argv, envp))
+    program::command(
+        &handover.argv,
+        handover.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    )
 }
 
-fn failed(chan: RawFd, e: &StepError) {
-    // A packet the server reads whole: the message is shortened, never the JSON.
-    let message: String = e.message.chars().take(3000).collect();
-    let msg = serde_json::json!({
-        "t": "failed",
-        "step": e.step.to_string(),
-        "message": message,
-    });
-    send(chan, msg.to_string().as_bytes());
+/// Tell the server a step failed (the message the cold path's program sends, shortened to
+/// fit one packet).
+fn failed(chan: RawFd, e: StepError) {
+    if let Some(msg) = Msg::failed(e).encode() {
+        send(chan, &msg);
+    }
 }
 
 /// One message on the slot's control socket (`SOCK_SEQPACKET`: one write, one packet).
@@ -198,63 +163,33 @@ const CAP_SETPCAP: u32 = 8;
 /// that they survive the exec of an interpreter) and empty the bounding set, so that every
 /// process the fork server forks starts with an empty one.
 pub(super) fn keep_fork_server_caps(for_exec: bool) -> std::io::Result<()> {
-    let last = std::io::Error::last_os_error;
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let header = Header {
-        version: 0x2008_0522,
-        pid: 0,
-    };
-    let mut data = [Data::default(); 2];
-    for cap in FORK_SERVER_CAPS {
-        let (i, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
-        data[i].effective |= bit;
-        data[i].permitted |= bit;
-        data[i].inheritable |= bit;
-    }
-    let kept = data;
-    // Kept until the bounding set is empty; dropped below (or by the exec: not ambient).
-    data[0].effective |= 1 << CAP_SETPCAP;
-    data[0].permitted |= 1 << CAP_SETPCAP;
-    // SAFETY: capset reads a v3 header and two data structs on this stack frame; prctl takes
-    // integers only.
-    unsafe {
-        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
-            return Err(last());
-        }
-        if for_exec {
-            for cap in FORK_SERVER_CAPS {
-                if libc::prctl(
+    let kept = FORK_SERVER_CAPS
+        .iter()
+        .fold(0u64, |bits, cap| bits | 1 << cap);
+    // CAP_SETPCAP is kept until the bounding set is empty; dropped below (or by the exec: it
+    // is not ambient).
+    program::capset(kept | 1 << CAP_SETPCAP, kept)?;
+    if for_exec {
+        for cap in FORK_SERVER_CAPS {
+            // SAFETY: prctl takes integers only.
+            if unsafe {
+                libc::prctl(
                     libc::PR_CAP_AMBIENT,
                     libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
                     cap as libc::c_ulong,
                     0,
                     0,
-                ) != 0
-                {
-                    return Err(last());
-                }
+                )
+            } != 0
+            {
+                return Err(std::io::Error::last_os_error());
             }
         }
-        // The ambient set survives this; prctl fails (EINVAL) past the kernel's last cap.
-        for cap in 0..64 {
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0 {
-                break;
-            }
-        }
-        if !for_exec && libc::syscall(libc::SYS_capset, &header, kept.as_ptr()) != 0 {
-            return Err(last());
-        }
+    }
+    // The ambient set survives this.
+    program::drop_bounding_set();
+    if !for_exec {
+        program::capset(kept, kept)?;
     }
     Ok(())
 }

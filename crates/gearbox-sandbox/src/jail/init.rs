@@ -305,24 +305,16 @@ fn start_fork_server(
             "a fork server needs a launcher",
         ));
     };
-    let in_process = name == crate::fork_server::EXEC_FORK_SERVER;
-    let argv_c = argv
-        .iter()
-        .map(|a| std::ffi::CString::new(a.as_str()))
-        .collect::<Result<Vec<_>, _>>()
-        .step(Step::PrepareArgv)?;
-    let envp = env
-        .iter()
-        .map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-        .step(Step::PrepareEnvironment)?;
+    // The exec fork server runs this binary's own code: no interpreter to exec.
+    let command = (name != crate::fork_server::EXEC_FORK_SERVER)
+        .then(|| program::command(argv, env.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+        .transpose()?;
     // SAFETY: init is single-threaded (a fork of the single-threaded helper).
     match unsafe { fork() }.step(Step::ForkForkServer)? {
         ForkResult::Child => {
-            let err = if in_process {
-                super::exec_zygote::serve(&spec.limits, BUILD_NICE)
-            } else {
-                exec_fork_server(&argv_c, &envp)
+            let err = match &command {
+                None => super::exec_zygote::serve(&spec.limits, BUILD_NICE),
+                Some((path, argv, envp)) => exec_fork_server(path, argv, envp),
             };
             fail(st_w, StepError::new(Step::StartForkServer, err.to_string()));
         }
@@ -336,7 +328,11 @@ fn start_fork_server(
     }
 }
 
-fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> std::io::Error {
+fn exec_fork_server(
+    path: &std::ffi::CString,
+    argv: &[std::ffi::CString],
+    envp: &[std::ffi::CString],
+) -> std::io::Error {
     // SAFETY: fcntl/close_range on fd numbers of this process: everything above stderr but
     // the control socket closes at exec.
     unsafe {
@@ -344,13 +340,8 @@ fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> s
             return std::io::Error::last_os_error();
         }
         libc::syscall(libc::SYS_close_range, 3u32, 3u32, libc::CLOSE_RANGE_CLOEXEC);
-        libc::syscall(
-            libc::SYS_close_range,
-            5u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        );
     }
+    program::close_on_exec_from(crate::wire::FORK_SERVER_FD as u32 + 1);
     if let Err(e) = super::exec_zygote::keep_fork_server_caps(true) {
         return e;
     }
@@ -358,7 +349,7 @@ fn exec_fork_server(argv: &[std::ffi::CString], envp: &[std::ffi::CString]) -> s
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) } != 0 {
         return std::io::Error::last_os_error();
     }
-    match nix::unistd::execve(&argv[0], argv, envp) {
+    match nix::unistd::execve(path, argv, envp) {
         Err(e) => e.into(),
         Ok(never) => match never {},
     }

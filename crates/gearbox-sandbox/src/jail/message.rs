@@ -58,7 +58,8 @@ impl Msg {
         }
     }
 
-    fn encode(&self) -> Option<Vec<u8>> {
+    /// The message as JSON of at most [`MAX_MSG`] bytes (see [`Msg::send`]).
+    pub fn encode(&self) -> Option<Vec<u8>> {
         let line = serde_json::to_vec(self).ok()?;
         if line.len() <= MAX_MSG {
             return Some(line);

@@ -2,7 +2,6 @@
 //! with rlimits, in a temporary host directory. No isolation: it sees the host filesystem and
 //! network as the server's user. Only for operators who chose it.
 
-use std::ffi::CString;
 use std::fs;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
@@ -76,20 +75,10 @@ fn run_in(
         .step(Step::CreateTmp)?;
     super::mount::write_files(&work, &spec.files, files)?;
     let env = crate::wire::program_env(&spec.env, &work.to_string_lossy(), &tmp.to_string_lossy());
-    let argv: Vec<CString> = spec
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_str()))
-        .collect::<Result<_, _>>()
-        .step(Step::PrepareArgv)?;
-    let envp: Vec<CString> = env
-        .iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<_, _>>()
-        .step(Step::PrepareEnvironment)?;
-    let Some(path) = argv.first().cloned() else {
-        return Err(StepError::new(Step::PrepareArgv, "empty command"));
-    };
+    let (path, argv, envp) = super::program::command(
+        &spec.argv,
+        env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    )?;
     report
         .enforced
         .push("process: no isolation; rlimits and process-group kill only".into());
@@ -99,15 +88,7 @@ fn run_in(
             let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
             let _ = super::die_with_parent(0);
             if apply_rlimits(&spec.limits, false).is_ok() && nix::unistd::chdir(&work).is_ok() {
-                // SAFETY: only sets CLOEXEC flags on this process's fds.
-                unsafe {
-                    libc::syscall(
-                        libc::SYS_close_range,
-                        3u32,
-                        u32::MAX,
-                        libc::CLOSE_RANGE_CLOEXEC,
-                    )
-                };
+                super::program::close_on_exec_from(3);
                 let _ = nix::unistd::execve(&path, &argv, &envp);
             }
             // SAFETY: leave the forked child without running the helper's destructors.

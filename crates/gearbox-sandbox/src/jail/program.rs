@@ -42,18 +42,7 @@ fn prepare_and_exec(
     st_w: &OwnedFd,
     job_fd: Option<&OwnedFd>,
 ) -> Result<Never, StepError> {
-    let argv = cstrings(argv_s.iter().map(String::as_str)).step(Step::PrepareArgv)?;
-    let envp = cstrings(
-        env.iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .iter()
-            .map(String::as_str),
-    )
-    .step(Step::PrepareEnvironment)?;
-    let Some(path) = argv.first().cloned() else {
-        return Err(StepError::new(Step::PrepareArgv, "empty command"));
-    };
+    let (path, argv, envp) = command(argv_s, env.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     nix::unistd::setsid().step(Step::NewSession)?;
     super::reset_signals();
     apply_rlimits(limits, have_cgroup)?;
@@ -89,28 +78,59 @@ fn prepare_and_exec(
         }
         first_closed = 4;
     }
+    close_on_exec_from(first_closed);
+    Err(execve(&path, &argv, &envp))
+}
+
+/// A command to `execve`: its path (argv[0], which the caller resolved), argv and
+/// environment as C strings.
+pub(super) type Command = (CString, Vec<CString>, Vec<CString>);
+
+/// `argv` and `env` as a [`Command`]; an empty argv or a NUL inside fails its step.
+pub(super) fn command<'a>(
+    argv: &[String],
+    env: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Result<Command, StepError> {
+    let argv = argv
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<Vec<_>, _>>()
+        .step(Step::PrepareArgv)?;
+    let envp = env
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .step(Step::PrepareEnvironment)?;
+    let path = argv
+        .first()
+        .cloned()
+        .ok_or_else(|| StepError::new(Step::PrepareArgv, "empty command"))?;
+    Ok((path, argv, envp))
+}
+
+/// Mark every fd from `first` up close-on-exec.
+pub(super) fn close_on_exec_from(first: u32) {
     // SAFETY: close_range with CLOEXEC only sets flags on fds of this process.
     unsafe {
         libc::syscall(
             libc::SYS_close_range,
-            first_closed,
+            first,
             u32::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         )
     };
-    let err = nix::unistd::execve(&path, &argv, &envp).err();
-    Err(StepError::new(
+}
+
+/// `execve` the command; returns only if it failed, as the [`Step::Execve`] error.
+pub(super) fn execve(path: &CString, argv: &[CString], envp: &[CString]) -> StepError {
+    let err = nix::unistd::execve(path, argv, envp).err();
+    StepError::new(
         Step::Execve,
         format!(
             "{}: {}",
-            argv_s[0],
+            path.to_string_lossy(),
             err.map(|e| e.desc()).unwrap_or("failed")
         ),
-    ))
-}
-
-fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, std::ffi::NulError> {
-    items.map(CString::new).collect()
+    )
 }
 
 pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
@@ -153,12 +173,7 @@ pub fn apply_rlimits(l: &Limits, have_cgroup: bool) -> Result<(), StepError> {
 
 /// Empty the bounding and ambient sets and every capability set of this process.
 pub(super) fn drop_capabilities() -> std::io::Result<()> {
-    for cap in 0..64 {
-        // SAFETY: prctl(PR_CAPBSET_DROP, n) takes integers; EINVAL past the last cap ends it.
-        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } != 0 {
-            break;
-        }
-    }
+    drop_bounding_set();
     // SAFETY: integers only.
     unsafe {
         libc::prctl(
@@ -169,6 +184,22 @@ pub(super) fn drop_capabilities() -> std::io::Result<()> {
             0,
         )
     };
+    capset(0, 0)
+}
+
+/// Empty the bounding set (needs CAP_SETPCAP; EINVAL past the kernel's last cap ends it).
+pub(super) fn drop_bounding_set() {
+    for cap in 0..64 {
+        // SAFETY: prctl(PR_CAPBSET_DROP, n) takes integers.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } != 0 {
+            break;
+        }
+    }
+}
+
+/// Set this process's effective and permitted capability sets to `caps` and its inheritable
+/// set to `inheritable` (bit n: capability n).
+pub(super) fn capset(caps: u64, inheritable: u64) -> std::io::Result<()> {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -185,14 +216,14 @@ pub(super) fn drop_capabilities() -> std::io::Result<()> {
         version: 0x2008_0522,
         pid: 0,
     };
-    let data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
+    let half = |shift: u32| Data {
+        effective: (caps >> shift) as u32,
+        permitted: (caps >> shift) as u32,
+        inheritable: (inheritable >> shift) as u32,
+    };
+    let data = [half(0), half(32)];
     // SAFETY: capset reads a v3 header and two data structs that live on this stack frame.
-    let r = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
-    if r != 0 {
+    if unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
