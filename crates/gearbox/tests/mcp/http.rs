@@ -659,14 +659,7 @@ async fn sigterm_lets_a_running_run_finish_and_refuses_new_ones() {
         drop(first);
         r
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while processes_with(marker).is_empty() {
-        assert!(Instant::now() < deadline, "the run never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let pid = d.child.id().expect("pid") as i32;
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    sigterm_once_running(&d, marker).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !d
         .stderr()
@@ -702,17 +695,8 @@ async fn sigterm_lets_a_running_run_finish_and_refuses_new_ones() {
     assert_ne!(r.is_error, Some(true), "{}", text(&r));
     assert_eq!(structured(&r)["status"], "ok", "{}", text(&r));
     assert_eq!(structured(&r)["stdout"], "finished\n", "{}", text(&r));
-    let status = tokio::time::timeout(Duration::from_secs(15), d.child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("not stopped:\n{}", d.stderr()))
-        .expect("wait");
-    assert!(status.success(), "exit status {status:?}:\n{}", d.stderr());
     // The answer went out before the sessions ended (its POST's stream closed by itself).
-    assert!(
-        !d.stderr().contains("answers still being written"),
-        "{}",
-        d.stderr()
-    );
+    assert_drained(&mut d).await;
     let ran: Vec<Value> = d
         .audit_lines()
         .into_iter()
@@ -723,91 +707,138 @@ async fn sigterm_lets_a_running_run_finish_and_refuses_new_ones() {
     drop(second);
 }
 
-/// The next event with data of a legacy SSE stream; bounded in time.
-async fn next_event<B: AsRef<[u8]>>(
-    stream: &mut (impl futures::Stream<Item = reqwest::Result<B>> + Unpin),
-    buf: &mut String,
-) -> (String, String) {
-    loop {
-        if let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            let mut event = String::from("message");
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(e) = line.strip_prefix("event:") {
-                    event = e.trim().to_string();
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push_str(d.trim_start());
-                }
-            }
-            if data.is_empty() {
-                continue; // keep-alive comment
-            }
-            return (event, data);
-        }
-        let chunk = tokio::time::timeout(Duration::from_secs(30), stream.next())
+/// A legacy SSE session (2024-11-05) of one key: its event stream and its endpoint.
+struct Sse {
+    stream: futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    buf: String,
+    endpoint: String,
+    key: &'static str,
+}
+
+impl Sse {
+    /// `GET /sse` as `key`, up to the `endpoint` event.
+    async fn open(d: &Daemon, key: &'static str) -> Sse {
+        let r = http()
+            .get(d.url("/sse"))
+            .bearer_auth(key)
+            .header("accept", "text/event-stream")
+            .send()
             .await
-            .expect("event in time")
-            .expect("stream open")
-            .expect("chunk");
-        buf.push_str(&String::from_utf8_lossy(chunk.as_ref()));
+            .expect("sse");
+        assert_eq!(r.status(), 200);
+        let mut sse = Sse {
+            stream: r.bytes_stream().map(|c| c.map(|b| b.to_vec())).boxed(),
+            buf: String::new(),
+            endpoint: String::new(),
+            key,
+        };
+        let (event, endpoint) = sse.next().await;
+        assert_eq!(event, "endpoint");
+        assert!(endpoint.starts_with("/messages?sessionId="), "{endpoint}");
+        sse.endpoint = endpoint;
+        sse
     }
+
+    /// The next event with data (name, data); bounded in time.
+    async fn next(&mut self) -> (String, String) {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut event = String::from("message");
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(e) = line.strip_prefix("event:") {
+                        event = e.trim().to_string();
+                    } else if let Some(d) = line.strip_prefix("data:") {
+                        data.push_str(d.trim_start());
+                    }
+                }
+                if data.is_empty() {
+                    continue; // keep-alive comment
+                }
+                return (event, data);
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), self.stream.next())
+                .await
+                .expect("event in time")
+                .expect("stream open")
+                .expect("chunk");
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// POST `body` to the session's endpoint as `key`; the HTTP status.
+    async fn post_as(&self, d: &Daemon, key: &str, body: Value) -> reqwest::StatusCode {
+        http()
+            .post(d.url(&self.endpoint))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .expect("post")
+            .status()
+    }
+
+    async fn post(&self, d: &Daemon, body: Value) -> reqwest::StatusCode {
+        self.post_as(d, self.key, body).await
+    }
+
+    /// `initialize` (2024-11-05) and `initialized`; the initialize result.
+    async fn initialize(&mut self, d: &Daemon) -> Value {
+        let mut init = initialize_body();
+        init["params"]["protocolVersion"] = json!("2024-11-05");
+        assert_eq!(self.post(d, init).await, 202);
+        let (event, data) = self.next().await;
+        assert_eq!(event, "message");
+        let v: Value = serde_json::from_str(&data).expect("json");
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        assert_eq!(self.post(d, initialized).await, 202);
+        v
+    }
+}
+
+/// Once a process with `marker` in its command line runs, SIGTERM the daemon.
+async fn sigterm_once_running(d: &Daemon, marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_with(marker).is_empty() {
+        assert!(Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = d.child.id().expect("pid") as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+}
+
+/// The daemon exits 0, and every answer went out before the sessions ended.
+async fn assert_drained(d: &mut Daemon) {
+    let status = tokio::time::timeout(Duration::from_secs(15), d.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("not stopped:\n{}", d.stderr()))
+        .expect("wait");
+    assert!(status.success(), "exit status {status:?}:\n{}", d.stderr());
+    assert!(
+        !d.stderr().contains("answers still being written"),
+        "{}",
+        d.stderr()
+    );
 }
 
 #[tokio::test]
 async fn legacy_sse_transport_round_trip() {
     let d = Daemon::start(Opts::default()).await;
-    let r = http()
-        .get(d.url("/sse"))
-        .bearer_auth(BOB)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("sse");
-    assert_eq!(r.status(), 200);
-    let mut stream = r.bytes_stream();
-    let mut buf = String::new();
-    let (event, endpoint) = next_event(&mut stream, &mut buf).await;
-    assert_eq!(event, "endpoint");
-    assert!(endpoint.starts_with("/messages?sessionId="), "{endpoint}");
-    let post = |body: Value| {
-        http()
-            .post(d.url(&endpoint))
-            .bearer_auth(BOB)
-            .json(&body)
-            .send()
-    };
-    let mut init = initialize_body();
-    init["params"]["protocolVersion"] = json!("2024-11-05");
-    assert_eq!(post(init).await.expect("post").status(), 202);
-    let (event, data) = next_event(&mut stream, &mut buf).await;
-    assert_eq!(event, "message");
-    let v: Value = serde_json::from_str(&data).expect("json");
+    let mut sse = Sse::open(&d, BOB).await;
+    let v = sse.initialize(&d).await;
     assert_eq!(v["result"]["protocolVersion"], "2024-11-05");
-    let r = post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        .await
-        .expect("post");
-    assert_eq!(r.status(), 202);
-    let r = post(
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "execute_code", "arguments": {"language": "python", "code": "print(7*6)"}}}),
-    )
-    .await
-    .expect("post");
-    assert_eq!(r.status(), 202);
-    let (_, data) = next_event(&mut stream, &mut buf).await;
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "execute_code", "arguments": {"language": "python", "code": "print(7*6)"}}});
+    assert_eq!(sse.post(&d, call).await, 202);
+    let (_, data) = sse.next().await;
     let v: Value = serde_json::from_str(&data).expect("json");
     assert_eq!(v["id"], 2);
     assert_eq!(v["result"]["structuredContent"]["stdout"], "42\n", "{v}");
     // Another key cannot post into bob's session.
-    let r = http()
-        .post(d.url(&endpoint))
-        .bearer_auth(ALICE)
-        .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(r.status(), 403);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(sse.post_as(&d, ALICE, initialized).await, 403);
     let lines = d.audit_lines();
     assert_eq!(lines.last().expect("a line")["transport"], "sse");
     assert_eq!(lines.last().expect("a line")["caller"], "bob");
@@ -823,66 +854,22 @@ async fn sigterm_lets_a_running_sse_call_be_answered() {
         ..Opts::default()
     })
     .await;
-    let r = http()
-        .get(d.url("/sse"))
-        .bearer_auth(BOB)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("sse");
-    assert_eq!(r.status(), 200);
-    let mut stream = r.bytes_stream();
-    let mut buf = String::new();
-    let (_, endpoint) = next_event(&mut stream, &mut buf).await;
-    let post = |body: Value| {
-        http()
-            .post(d.url(&endpoint))
-            .bearer_auth(BOB)
-            .json(&body)
-            .send()
-    };
-    let mut init = initialize_body();
-    init["params"]["protocolVersion"] = json!("2024-11-05");
-    assert_eq!(post(init).await.expect("post").status(), 202);
-    next_event(&mut stream, &mut buf).await;
-    let r = post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        .await
-        .expect("post");
-    assert_eq!(r.status(), 202);
+    let mut sse = Sse::open(&d, BOB).await;
+    sse.initialize(&d).await;
     let marker = "3.4247";
-    let r = post(
-        json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
         "name": "execute_code",
-        "arguments": {"language": "bash", "code": format!("sleep {marker}; echo finished")}}}),
-    )
-    .await
-    .expect("post");
-    assert_eq!(r.status(), 202);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while processes_with(marker).is_empty() {
-        assert!(Instant::now() < deadline, "the run never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let pid = d.child.id().expect("pid") as i32;
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let (_, data) = next_event(&mut stream, &mut buf).await;
+        "arguments": {"language": "bash", "code": format!("sleep {marker}; echo finished")}}});
+    assert_eq!(sse.post(&d, call).await, 202);
+    sigterm_once_running(&d, marker).await;
+    let (_, data) = sse.next().await;
     let v: Value = serde_json::from_str(&data).expect("json");
     assert_eq!(v["id"], 9, "{v}");
     assert_eq!(
         v["result"]["structuredContent"]["stdout"], "finished\n",
         "{v}"
     );
-    let status = tokio::time::timeout(Duration::from_secs(15), d.child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("not stopped:\n{}", d.stderr()))
-        .expect("wait");
-    assert!(status.success(), "exit status {status:?}:\n{}", d.stderr());
-    assert!(
-        !d.stderr().contains("answers still being written"),
-        "{}",
-        d.stderr()
-    );
+    assert_drained(&mut d).await;
 }
 
 #[tokio::test]

@@ -11,7 +11,8 @@ use gearbox_core::{LimitOverrides, Status};
 use gearbox_engine::Engine;
 
 use crate::fork_server::{
-    assert_absent, assert_restricted, forked, forked_engine_for, ready, shared_files,
+    assert_absent, assert_restricted, exec, forked, forked_engine_for, forked_ok, ready,
+    shared_files,
 };
 use crate::support::{Run, root_and_cgroups, run};
 
@@ -23,13 +24,6 @@ fn bash_engine(min: usize) -> Option<Arc<Engine>> {
 
 fn sh(code: &str) -> Run {
     run("bash", code)
-}
-
-/// Run `code` in a forked sandbox, check that it ended well, and return its output.
-async fn forked_ok(engine: &Arc<Engine>, r: Run) -> String {
-    let o = forked(engine, r).await;
-    assert_eq!(o.status, Status::Ok, "{o:?}");
-    o.stdout
 }
 
 #[tokio::test]
@@ -184,13 +178,10 @@ async fn bash_forked_runs_at_once_cannot_reach_each_other() {
                   for p in $(seq 3 400); do kill -9 $p 2>/dev/null && [ $p != $BASHPID ] && echo KILLED $p; done; echo probed";
     let hits = |e: &Engine| e.pool_stats().iter().map(|s| s.hits).sum::<u64>();
     let before = hits(&engine);
-    let (ea, eb) = (Arc::clone(&engine), Arc::clone(&engine));
-    let rt = crate::support::runtime();
     let (a, b) = tokio::join!(
-        rt.spawn(async move { ea.execute(sh(holder).timeout_ms(10_000).req, None).await }),
-        rt.spawn(async move { eb.execute(sh(prober).timeout_ms(10_000).req, None).await })
+        exec(&engine, sh(holder).timeout_ms(10_000).req),
+        exec(&engine, sh(prober).timeout_ms(10_000).req)
     );
-    let (a, b) = (a.expect("run a"), b.expect("run b"));
     assert_eq!(hits(&engine), before + 2, "{a:?} {b:?}");
     assert_eq!(a.stdout, "holding\nalive\n", "{a:?}");
     assert!(b.stdout.ends_with("probed\n"), "{b:?}");

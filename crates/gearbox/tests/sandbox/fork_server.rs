@@ -54,7 +54,7 @@ pub(crate) async fn ready(engine: &Engine, n: usize) {
     }
 }
 
-async fn exec(engine: &Arc<Engine>, req: ExecRequest) -> Outcome {
+pub(crate) async fn exec(engine: &Arc<Engine>, req: ExecRequest) -> Outcome {
     let e = Arc::clone(engine);
     crate::support::runtime()
         .spawn(async move { e.execute(req, None).await })
@@ -84,7 +84,7 @@ fn node_engine(min: usize) -> Option<Arc<Engine>> {
 }
 
 /// Run `r` in a forked sandbox, check that it ended well, and return its output.
-async fn forked_ok(engine: &Arc<Engine>, r: Run) -> String {
+pub(crate) async fn forked_ok(engine: &Arc<Engine>, r: Run) -> String {
     let o = forked(engine, r).await;
     assert_eq!(o.status, Status::Ok, "{o:?}");
     o.stdout
