@@ -45,7 +45,10 @@ async def first_call(gearbox: str, args: list[str]) -> tuple[float, int]:
             return ms, int(sc.get("setup_us") or 0)
 
 
-def raw_first_call(gearbox: str, args: list[str]) -> tuple[float, int]:
+def raw_first_call(gearbox: str, args: list[str], check: bool = True) -> tuple[float, int]:
+    """Launch -> first result over bare JSON lines (initialize, tools/list, the call, as the
+    SDK sends them); `check`: the answer must be Python's `1` (not for a server that runs
+    nothing)."""
     t = time.perf_counter()
     p = subprocess.Popen([gearbox, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL)
@@ -67,7 +70,7 @@ def raw_first_call(gearbox: str, args: list[str]) -> tuple[float, int]:
                             "arguments": {"language": "python", "code": "print(1)"}}})
         ms = (time.perf_counter() - t) * 1000
         sc = r["result"].get("structuredContent") or {}
-        if sc.get("stdout") != "1\n":
+        if check and sc.get("stdout") != "1\n":
             raise SystemExit(f"wrong first answer: {r}")
         return ms, int(sc.get("setup_us") or 0)
     finally:
@@ -99,4 +102,5 @@ async def main() -> None:
               f"{statistics.median(r[1] for r in rows):.0f} |")
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -37,6 +37,9 @@ from pathlib import Path
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cold_start import raw_first_call  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = "/usr/bin/python3"  # Debian's, never a pyenv shim
 SECTIONS = ["latency", "throughput", "cold", "rest", "run", "compute", "go"]
@@ -311,43 +314,12 @@ async def run(opts) -> dict:
                     raise RuntimeError("wrong first answer")
             return ms
 
-        def cold_lines(cmd: str, args: list[str]) -> float:
-            """The same over bare JSON lines: initialize, tools/list, the call (what the SDK
-            sends, without compiling its output-schema validator on its side)."""
-            t = time.perf_counter()
-            p = subprocess.Popen([cmd, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL)
-            try:
-                def ask(msg: dict) -> dict:
-                    p.stdin.write((json.dumps(msg) + "\n").encode())
-                    p.stdin.flush()
-                    while True:
-                        answer = json.loads(p.stdout.readline())
-                        if answer.get("id") == msg.get("id"):
-                            return answer
-                ask({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                     "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                                "clientInfo": {"name": "fast-path", "version": "0"}}})
-                p.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-                ask({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
-                r = ask({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-                         "params": {"name": "execute_code",
-                                    "arguments": {"language": "python", "code": "print(1)"}}})
-                ms = (time.perf_counter() - t) * 1000
-                sc = r["result"].get("structuredContent") or {}
-                if sc.get("stdout") != "1\n" and cmd == opts.gearbox:
-                    raise RuntimeError(f"wrong first answer: {r}")
-                return ms
-            finally:
-                p.stdin.close()
-                p.wait(timeout=30)
-
         fl = p50([await cold(opts.floor, []) for _ in range(5)])
         g = p50([await cold(opts.gearbox, ["serve"]) for _ in range(5)])
         table.add("cold start: launch -> first execute_code result", g, "ms",
                   f"floor {fl:.1f} ms (same SDK launch)", "<= 50 ms", g <= 50)
-        g = p50([cold_lines(opts.gearbox, ["serve"]) for _ in range(5)])
-        fl = p50([cold_lines(opts.floor, []) for _ in range(5)])
+        g = p50([raw_first_call(opts.gearbox, ["serve"])[0] for _ in range(5)])
+        fl = p50([raw_first_call(opts.floor, [], check=False)[0] for _ in range(5)])
         table.add("cold start, JSON-lines client (no SDK-side schema compile)", g, "ms",
                   f"floor {fl:.1f} ms (same client)", "<= 50 ms", g <= 50)
 
