@@ -156,10 +156,14 @@ impl Engine {
             if later.is_empty() {
                 return;
             }
-            let pool = Arc::clone(&self.pool);
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                // Nothing can be built outside a runtime anyway: keep them all now.
+                for (job, min, max) in later {
+                    self.pool.keep(job, min, max);
+                }
                 return;
             };
+            let pool = Arc::clone(&self.pool);
             rt.spawn(async move {
                 let until = tokio::time::Instant::now() + STAGGER_MAX;
                 while tokio::time::Instant::now() < until

@@ -897,6 +897,24 @@ mod tests {
         std::fs::remove_dir_all(&d).expect("rm");
     }
 
+    /// Last use is kept in whole seconds (floored): a session used at 1000.9 s with a TTL of
+    /// 2 s has been idle for its TTL only from 1002.9 s, so it may not expire at 1002.
+    #[test]
+    fn a_session_never_expires_before_its_ttl() {
+        let meta = Meta {
+            id: "x".into(),
+            created: 1000,
+            last_used: 1000,
+            ttl_secs: 2,
+            closed: false,
+            persist: false,
+            manifest: BTreeMap::new(),
+            owner: String::new(),
+        };
+        assert!(!meta.expired(1002));
+        assert!(meta.expired(1003));
+    }
+
     #[tokio::test]
     async fn sessions_expire_and_startup_cleans_crash_leftovers() {
         let d = tmpdir();
