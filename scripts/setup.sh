@@ -39,5 +39,5 @@ fi
 
 if [ -z "${GEARBOX_SKIP_BUILD:-}" ]; then
     cargo build --release --locked -p gearbox
-    echo "setup: built $(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/gearbox" >&2
+    echo "setup: built $(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/gearbox (and its sandbox helper gearbox-jail beside it)" >&2
 fi

@@ -14,9 +14,9 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 dir=$(mktemp -d /tmp/gearbox-unpriv-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 cp "$bin" "$dir/sandbox-tests"
-cp "$target_dir/debug/gearbox" "$dir/gearbox"
+cp "$target_dir/debug/gearbox" "$target_dir/debug/gearbox-jail" "$dir/"
 mkdir "$dir/tmp"
-chmod 755 "$dir" "$dir/sandbox-tests" "$dir/gearbox"
+chmod 755 "$dir" "$dir/sandbox-tests" "$dir/gearbox" "$dir/gearbox-jail"
 chmod 1777 "$dir/tmp"
 cd "$dir"
 setpriv --reuid=65534 --regid=65534 --clear-groups \

@@ -63,8 +63,10 @@ pub struct Engine {
 
 impl Engine {
     /// Build an engine. `helper` is the gearbox binary the Linux and process backends
-    /// re-execute as their sandbox helper (normally `std::env::current_exe()`).
+    /// re-execute as their sandbox helper (normally `std::env::current_exe()`); the lean
+    /// helper `gearbox-jail` beside it is run instead when it is there.
     pub fn new(config: Config, helper: PathBuf) -> Engine {
+        let helper = gearbox_sandbox::helper_beside(helper);
         let mut languages = LanguageTable::builtin();
         languages.merge(config.languages.clone());
         let mut backends: HashMap<BackendKind, Arc<dyn Sandbox>> = HashMap::new();
@@ -100,6 +102,12 @@ impl Engine {
             engine.start_pool();
         }
         engine
+    }
+
+    /// The sandbox helper this engine starts: `gearbox-jail` beside the binary, or the
+    /// binary itself (`gearbox __jail`).
+    pub fn helper(&self) -> &std::path::Path {
+        &self.helper
     }
 
     /// Fill the warm pool as configured (once; needs a tokio runtime, so it also happens on

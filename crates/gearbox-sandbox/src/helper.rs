@@ -105,6 +105,7 @@ pub(crate) async fn spawn_with(
         .map_err(|e| SandboxError::Spawn(e.into()))?;
     let mut cmd = tokio::process::Command::new(helper);
     cmd.arg("__jail")
+        .arg(crate::HELPER_BUILD)
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -35,6 +35,22 @@ pub use fork_server::ForkServerLife;
 pub use pool::{MAX_PER_KEY, PoolStats, WarmPool};
 pub use probe::unenforced_limits;
 
+/// The build the helper and its server must share (`build.rs`): the server passes it after
+/// `__jail`, and a helper of another build refuses the job.
+pub const HELPER_BUILD: &str = env!("GEARBOX_HELPER_BUILD");
+
+/// The lean helper's file name: a binary with only the helper's code, installed beside
+/// `gearbox`, which starts in ~0.9 ms where the whole `gearbox` takes ~1.6 ms
+/// (`docs/PERFORMANCE.md`).
+pub const LEAN_HELPER: &str = "gearbox-jail";
+
+/// The helper to re-execute for a server running `exe`: the lean helper beside it when
+/// there is one, else `exe` itself (`gearbox __jail`).
+pub fn helper_beside(exe: std::path::PathBuf) -> std::path::PathBuf {
+    let lean = exe.with_file_name(LEAN_HELPER);
+    if lean.is_file() { lean } else { exe }
+}
+
 /// Entry point of the `__jail` helper. Never returns.
 pub fn jail_main() -> ! {
     jail::main()

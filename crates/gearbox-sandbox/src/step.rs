@@ -17,10 +17,11 @@ use crate::wire::SetupFailure;
 pub enum Step {
     // The helper.
     MarkReportFdCloseOnExec,
+    CheckHelperBuild,
     ReadRequest,
     TieHelperToServer,
     DropSupplementaryGroups,
-    CompileSeccompPolicy,
+    LoadSeccompFilters,
     CreateSyncPipe,
     CreateStatusPipe,
     CloneIntoNewNamespaces,
@@ -132,10 +133,11 @@ impl fmt::Display for Step {
         use Step::*;
         let text = match self {
             MarkReportFdCloseOnExec => "mark report fd close-on-exec",
+            CheckHelperBuild => "check the helper's build",
             ReadRequest => "read request",
             TieHelperToServer => "tie helper to server",
             DropSupplementaryGroups => "drop supplementary groups",
-            CompileSeccompPolicy => "compile seccomp policy",
+            LoadSeccompFilters => "load the seccomp filters",
             CreateSyncPipe => "create sync pipe",
             CreateStatusPipe => "create status pipe",
             CloneIntoNewNamespaces => "clone into new namespaces",

@@ -708,11 +708,16 @@ fn doctor(engine: Engine, json: bool) -> Result<ExitCode> {
             "cgroups": unenforced,
             "require_limits": engine.config().sandbox.require_limits,
         });
-        let v =
-            serde_json::json!({ "backends": backends, "languages": languages, "limits": limits });
+        let v = serde_json::json!({
+            "backends": backends,
+            "languages": languages,
+            "limits": limits,
+            "helper": engine.helper(),
+        });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
+    println!("helper: {}", engine.helper().display());
     println!("backends:");
     for b in &backends {
         let mark = if b.available { "ok " } else { "NO " };

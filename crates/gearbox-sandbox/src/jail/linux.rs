@@ -45,8 +45,8 @@ pub fn run(
             .push((what.to_string(), start.elapsed().as_micros() as u64));
     };
     mark(report, "request read");
-    let filters = seccomp::compile().step(Step::CompileSeccompPolicy)?;
-    mark(report, "seccomp compiled");
+    let filters = seccomp::compile().step(Step::LoadSeccompFilters)?;
+    mark(report, "seccomp filters loaded");
     let env = crate::wire::with_display_env(crate::wire::program_env(&spec.env, "/work", "/tmp"));
     // On v1 hierarchies the run's cgroup exists before init does and init moves itself in
     // (`Cgroup::open_tasks`): no RCU wait, no host-wide stall of forks; elsewhere the

@@ -76,6 +76,7 @@ pub(crate) fn send_report(report: &mut JailReport, trailer: &[u8]) -> bool {
 fn run(start: Instant, report: &mut JailReport) -> Result<(), SetupFailure> {
     // The report fd must not leak into the sandbox.
     set_cloexec(REPORT_FD).step(Step::MarkReportFdCloseOnExec)?;
+    check_build().step(Step::CheckHelperBuild)?;
     // SAFETY: fd 0 is the request pipe from the server. ManuallyDrop keeps it open: what
     // remains after the request is the program's stdin, inherited as fd 0.
     let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
@@ -85,6 +86,24 @@ fn run(start: Instant, report: &mut JailReport) -> Result<(), SetupFailure> {
         Mode::Linux => linux::run(&spec, files, start, report),
         Mode::Process => process::run(&spec, files, start, report),
     }
+}
+
+/// The server names its build after `__jail`; a helper of another build (a `gearbox-jail`
+/// left beside a newer or older `gearbox`) refuses to serve it.
+fn check_build() -> std::io::Result<()> {
+    let theirs = std::env::args_os().nth(2);
+    if theirs.as_deref() == Some(std::ffi::OsStr::new(crate::HELPER_BUILD)) {
+        return Ok(());
+    }
+    Err(std::io::Error::other(format!(
+        "this helper ({}) is build {}, the server is build {}: install gearbox and {} \
+         together, or remove {} to use `gearbox __jail`",
+        std::env::current_exe().unwrap_or_default().display(),
+        crate::HELPER_BUILD,
+        theirs.as_deref().unwrap_or_default().to_string_lossy(),
+        crate::LEAN_HELPER,
+        crate::LEAN_HELPER,
+    )))
 }
 
 /// The built-in warm-pool launchers, by name.

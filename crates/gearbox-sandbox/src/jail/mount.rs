@@ -167,7 +167,7 @@ fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError
         fs::create_dir_all(dir.join(sub)).step(Step::CreateForkServerMountPoints)?;
     }
     fs::write(dir.join("fork.so"), FORK_SO).step(Step::WriteForkServerLoop)?;
-    let (server, program) = super::seccomp::compile_split().step(Step::CompileSeccompPolicy)?;
+    let (server, program) = super::seccomp::compile_split().step(Step::LoadSeccompFilters)?;
     for (prefix, filters) in [("seccomp-server-", server), ("seccomp-", program)] {
         for (i, filter) in filters.iter().enumerate() {
             let mut bytes = Vec::with_capacity(filter.len() * 8);

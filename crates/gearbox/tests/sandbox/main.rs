@@ -14,6 +14,7 @@ mod escape;
 mod exec;
 mod exec_fork_server;
 mod fork_server;
+mod helper;
 mod integrity;
 mod network;
 mod outputs;
