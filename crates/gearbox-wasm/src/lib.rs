@@ -13,7 +13,7 @@ pub mod sandbox;
 mod ticker;
 mod workspace;
 
-pub use module::{GUEST_WASM, ModuleSource, default_cache_dir};
+pub use module::{GUEST_WASM, INSTANCE_SLOTS, ModuleSource, default_cache_dir};
 pub use sandbox::{WasmConfig, WasmSandbox};
 
 /// The backend could not be built.

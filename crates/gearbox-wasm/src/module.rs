@@ -26,6 +26,16 @@ pub const GUEST_WASM: &[u8] = include_bytes!("../guest/quickjs.wasm");
 /// stack in linear memory runs out).
 pub const MAX_WASM_STACK_BYTES: usize = 1024 * 1024;
 
+/// Instances wasmtime's pooling allocator holds at once. A run beyond this many at once waits
+/// for a slot (`sandbox.rs`); `[concurrency]` keeps far fewer runs going by default.
+pub const INSTANCE_SLOTS: u32 = 64;
+
+/// Bytes at the start of each slot's linear memory that stay mapped between runs and are
+/// reset with `memset` (the rest is reset with `madvise`, as without the pool): a QuickJS run
+/// touches ~2-4 MiB, which otherwise costs a page fault per page on every run
+/// (`docs/PERFORMANCE.md`). Held only by slots that have served a run.
+const KEEP_RESIDENT_BYTES: usize = 4 << 20;
+
 pub(crate) fn engine() -> Result<Engine, WasmError> {
     let mut config = Config::new();
     config
@@ -33,6 +43,19 @@ pub(crate) fn engine() -> Result<Engine, WasmError> {
         .max_wasm_stack(MAX_WASM_STACK_BYTES)
         .cranelift_opt_level(OptLevel::Speed)
         .parallel_compilation(true);
+    // Instances come from a pool of slots reused from run to run instead of fresh mappings.
+    // Wasmtime resets a slot's memory and tables to the module's initial image before it is
+    // reused, so a run finds nothing of the one before (tests/wasm.rs checks).
+    let mut pool = wasmtime::PoolingAllocationConfig::default();
+    pool.total_core_instances(INSTANCE_SLOTS)
+        .total_memories(INSTANCE_SLOTS)
+        .total_tables(INSTANCE_SLOTS)
+        // The largest memory wasm32 can address: each run's own limit (`memory_mb`) is the
+        // store's limiter's to enforce, as it was without the pool.
+        .max_memory_size(1 << 32)
+        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+        .table_keep_resident(64 << 10);
+    config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config).map_err(|e| WasmError::Engine(e.to_string()))
 }
 

@@ -58,6 +58,7 @@ struct Inner {
     prelude: Option<String>,
     source: ModuleSource,
     ticker: Ticker,
+    slots: Slots,
 }
 
 /// What one store owns.
@@ -152,6 +153,7 @@ impl WasmSandbox {
                 prelude,
                 source,
                 ticker,
+                slots: Slots::new(crate::module::INSTANCE_SLOTS),
             }),
         })
     }
@@ -223,6 +225,56 @@ fn emit_prelude(engine: &Engine, pre: &InstancePre<RunState>) -> Result<String, 
 
 /// Most bytes of hex the prelude's bytecode may take.
 const PRELUDE_MAX_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The pooling allocator's instance slots, counted: a run takes one before it instantiates
+/// and gives it back when its store is gone, so no run meets a full pool (wasmtime would
+/// refuse the instance).
+struct Slots {
+    free: std::sync::Mutex<u32>,
+    freed: std::sync::Condvar,
+}
+
+/// A slot taken from [`Slots`]; given back on drop, which comes after the run's store is
+/// gone (`Store::into_data`).
+struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    fn new(n: u32) -> Self {
+        Slots {
+            free: std::sync::Mutex::new(n),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Take a slot, waiting for one until `until` or until `cancel` is set.
+    fn acquire(&self, until: Instant, cancel: &AtomicBool) -> Option<Slot<'_>> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if *free > 0 {
+                *free -= 1;
+                return Some(Slot(self));
+            }
+            let now = Instant::now();
+            if now >= until || cancel.load(Ordering::Acquire) {
+                return None;
+            }
+            // Wake now and then to notice a cancelled run.
+            let wait = (until - now).min(Duration::from_millis(20));
+            free = self
+                .freed
+                .wait_timeout(free, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
+}
 
 /// Sets the cancel flag when the run's future is dropped before the run ended.
 struct CancelOnDrop(Arc<AtomicBool>);
@@ -439,6 +491,20 @@ impl Inner {
             Err(wasmtime::Error::new(Interrupted))
         });
 
+        let Some(_slot) = self
+            .slots
+            .acquire(Instant::now() + timeout, &store.data().cancel)
+        else {
+            return Outcome::failed_to_start(
+                lang,
+                backend,
+                format!(
+                    "all {} wasm instance slots stayed busy for the run's wall-clock limit, or \
+                     the run was cancelled while it waited",
+                    crate::module::INSTANCE_SLOTS
+                ),
+            );
+        };
         let _active = self.ticker.active();
         let setup_us = setup.elapsed().as_micros() as u64;
         let started = Instant::now();

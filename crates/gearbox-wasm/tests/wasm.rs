@@ -398,6 +398,71 @@ mod concurrency {
     }
 }
 
+/// Instances come from wasmtime's pooling allocator: slots reused from run to run.
+mod reused_slots {
+    use super::*;
+
+    /// A run leaves globals, a module-scope binding, a prototype change and a large buffer
+    /// behind; the next runs, served by the slot it freed, find none of it and memory no
+    /// bigger than a fresh run's.
+    #[tokio::test]
+    async fn a_run_finds_nothing_of_the_run_before() {
+        let fresh = js("console.log('x')").await;
+        let leave = js("globalThis.left = 'secret-1'; var v = 'secret-2'; \
+             Object.prototype.leak = 'secret-3'; Array.prototype.extra = () => 1; \
+             globalThis.big = new Uint8Array(64 << 20).fill(7); console.log(big[12345])")
+        .await;
+        assert_eq!(
+            (leave.status, leave.stdout.as_str()),
+            (Status::Ok, "7\n"),
+            "{leave:?}"
+        );
+        for _ in 0..3 {
+            let o =
+                js("console.log(typeof left, typeof v, ({}).leak, typeof big, typeof [].extra)")
+                    .await;
+            assert_eq!(
+                (o.status, o.stdout.as_str()),
+                (
+                    Status::Ok,
+                    "undefined undefined undefined undefined undefined\n"
+                ),
+                "{o:?}"
+            );
+            let (peak, base) = (o.usage.peak_memory_kb, fresh.usage.peak_memory_kb);
+            assert!(
+                peak <= base,
+                "peak {peak:?} KiB after a big run, {base:?} fresh"
+            );
+        }
+    }
+
+    /// More runs at once than the pool has slots: the ones beyond wait for a slot instead of
+    /// failing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn more_runs_at_once_than_slots_all_run() {
+        let n = gearbox_wasm::INSTANCE_SLOTS as usize + 16;
+        let runs: Vec<_> = (0..n)
+            .map(|i| {
+                tokio::spawn(async move {
+                    let code = format!(
+                        "let t = Date.now(); while (Date.now() - t < 50); console.log({i})"
+                    );
+                    (i, sandbox().run(job(&code)).await.expect("run"))
+                })
+            })
+            .collect();
+        for r in runs {
+            let (i, o) = r.await.expect("task");
+            assert_eq!(
+                (o.status, o.stdout.clone()),
+                (Status::Ok, format!("{i}\n")),
+                "{o:?}"
+            );
+        }
+    }
+}
+
 mod unicode {
     use super::*;
 
