@@ -56,7 +56,9 @@ const KILL_GRACE: Duration = Duration::from_secs(10);
 /// orphaned containers on first use (and again after a failed connection).
 pub struct DockerSandbox {
     config: Arc<DockerConfig>,
-    owner: Owner,
+    /// This process, as its containers' labels name it; read on the first run (a
+    /// `gearbox run` of another backend never pays for it).
+    owner: std::sync::OnceLock<Owner>,
     client: OnceCell<Docker>,
 }
 
@@ -64,7 +66,7 @@ impl DockerSandbox {
     pub fn new(config: DockerConfig) -> DockerSandbox {
         DockerSandbox {
             config: Arc::new(config),
-            owner: Owner::current(),
+            owner: std::sync::OnceLock::new(),
             client: OnceCell::new(),
         }
     }
@@ -113,7 +115,13 @@ impl DockerSandbox {
         })?;
         let docker = self.client().await?;
         let run_id = uuid::Uuid::new_v4().simple().to_string();
-        let body = container_body(&self.config, image, &job, &self.owner, &run_id);
+        let body = container_body(
+            &self.config,
+            image,
+            &job,
+            self.owner.get_or_init(Owner::current),
+            &run_id,
+        );
         let t0 = Instant::now();
         let created = docker
             .create_container(

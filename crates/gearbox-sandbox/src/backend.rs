@@ -22,14 +22,6 @@ impl LinuxSandbox {
     /// `helper` is a binary whose `__jail` subcommand calls [`crate::jail_main`].
     pub fn new(helper: PathBuf) -> Self {
         let pool = WarmPool::new(helper.clone());
-        if nix::unistd::Uid::current().is_root() {
-            std::thread::spawn(|| {
-                let n = crate::cgroup::sweep_stale();
-                if n > 0 {
-                    tracing::info!(removed = n, "removed run cgroups left by dead processes");
-                }
-            });
-        }
         LinuxSandbox { helper, pool }
     }
 

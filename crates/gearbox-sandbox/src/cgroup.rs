@@ -98,6 +98,21 @@ impl CgroupSupport {
     }
 }
 
+/// [`sweep_stale`] on a thread of its own, as root (only root makes run cgroups). A server
+/// calls it as it starts; a one-shot `gearbox run` does not: what it leaves when killed, the
+/// next server's start removes, and the scan would take CPU from its own run.
+pub fn sweep_stale_in_background() {
+    if !nix::unistd::Uid::current().is_root() {
+        return;
+    }
+    std::thread::spawn(|| {
+        let n = sweep_stale();
+        if n > 0 {
+            tracing::info!(removed = n, "removed run cgroups left by dead processes");
+        }
+    });
+}
+
 /// Remove run cgroups left behind by processes that died before they could (a helper killed
 /// with its run, a server killed): names carry the creating process's pid; a cgroup whose
 /// creator is gone and that holds no process is removed. Returns how many were removed.

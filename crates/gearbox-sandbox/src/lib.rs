@@ -30,7 +30,10 @@ pub mod wire;
 mod fork_abi;
 
 pub use backend::{LinuxSandbox, ProcessSandbox};
-pub use cgroup::{CgroupSupport, remove_spares as remove_spare_cgroups};
+pub use cgroup::{
+    CgroupSupport, remove_spares as remove_spare_cgroups,
+    sweep_stale_in_background as sweep_stale_cgroups,
+};
 pub use fork_server::ForkServerLife;
 pub use pool::{MAX_PER_KEY, PoolStats, WarmPool};
 pub use probe::unenforced_limits;

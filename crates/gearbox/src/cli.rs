@@ -317,6 +317,8 @@ fn serve(engine: Engine, args: ServeArgs) -> Result<ExitCode> {
         Ok(n) => tracing::debug!(open_files = n, "open files limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open files limit"),
     }
+    // Run cgroups that a killed server or helper left behind.
+    gearbox_sandbox::sweep_stale_cgroups();
     let rt = runtime()?;
     let engine = std::sync::Arc::new(engine);
     {

@@ -634,6 +634,54 @@ async fn a_server_that_stops_leaves_no_cgroup() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// What a killed process left (a run cgroup named after a pid that no longer runs, holding
+/// no process) is removed when a server starts; the cgroup of a process that still runs is
+/// not touched.
+#[tokio::test]
+async fn a_server_start_removes_the_cgroups_dead_processes_left() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || cgroups::gearbox_roots().is_empty() {
+        assert!(
+            std::env::var_os("GEARBOX_SANDBOX_REQUIRED").is_none(),
+            "needs root and cgroups, and GEARBOX_SANDBOX_REQUIRED is set"
+        );
+        eprintln!("SKIPPED: needs root and cgroups");
+        return;
+    }
+    // A pid that ran and is gone: a process started and reaped here.
+    let mut gone = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
+    let dead = gone.id();
+    gone.wait().expect("wait");
+    let live = std::process::id();
+    let mut stale = Vec::new();
+    let mut kept = Vec::new();
+    for root in cgroups::gearbox_roots() {
+        std::fs::create_dir_all(&root).expect("gearbox cgroup parent");
+        let s = root.join(format!("run-{dead}-sweep-test"));
+        let k = root.join(format!("run-{live}-sweep-test"));
+        std::fs::create_dir(&s).expect("stale cgroup");
+        std::fs::create_dir(&k).expect("live cgroup");
+        stale.push(s);
+        kept.push(k);
+    }
+    let s = start(&[]).await;
+    let t = Instant::now();
+    while stale.iter().any(|d| d.exists()) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "not removed: {stale:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for k in &kept {
+        assert!(k.exists(), "a live process's cgroup was removed: {k:?}");
+        std::fs::remove_dir(k).expect("rmdir");
+    }
+    s.session.cancel().await.expect("close the session");
+}
+
 #[tokio::test]
 async fn progress_is_reported_and_cancellation_kills_the_run() {
     let s = start(&[]).await;
