@@ -117,18 +117,9 @@ pub fn sweep_stale_in_background() {
 /// with its run, a server killed): names carry the creating process's pid; a cgroup whose
 /// creator is gone and that holds no process is removed. Returns how many were removed.
 pub fn sweep_stale() -> usize {
-    let hierarchies: Vec<PathBuf> = match CgroupSupport::detect() {
-        CgroupSupport::V1 {
-            memory,
-            pids,
-            cpuacct,
-        } => [memory, pids, cpuacct].into_iter().flatten().collect(),
-        CgroupSupport::V2 { root } => vec![root],
-        CgroupSupport::None { .. } => vec![],
-    };
     let mut removed = 0;
-    for h in hierarchies {
-        let Ok(entries) = fs::read_dir(h.join(PARENT)) else {
+    for parent in run_parents() {
+        let Ok(entries) = fs::read_dir(parent) else {
             continue;
         };
         for entry in entries.flatten() {
@@ -150,6 +141,20 @@ pub fn sweep_stale() -> usize {
         }
     }
     removed
+}
+
+/// The directory holding run cgroups in each hierarchy gearbox uses on this host.
+fn run_parents() -> Vec<PathBuf> {
+    let hierarchies: Vec<PathBuf> = match CgroupSupport::detect() {
+        CgroupSupport::V1 {
+            memory,
+            pids,
+            cpuacct,
+        } => [memory, pids, cpuacct].into_iter().flatten().collect(),
+        CgroupSupport::V2 { root } => vec![root],
+        CgroupSupport::None { .. } => vec![],
+    };
+    hierarchies.into_iter().map(|h| h.join(PARENT)).collect()
 }
 
 /// Remove the emptied run cgroups this process kept for later runs (a server that stops;
@@ -585,6 +590,37 @@ mod tests {
             eprintln!("skipped: needs root and cgroup v1 memory and pids hierarchies");
         }
         root && v1
+    }
+
+    /// The sweep removes a run cgroup whose creator is gone and leaves one whose creator
+    /// runs, in every hierarchy.
+    #[test]
+    fn the_sweep_removes_only_what_dead_processes_left() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || run_parents().is_empty() {
+            eprintln!("skipped: needs root and cgroups");
+            return;
+        }
+        let mut gone = Command::new("true").spawn().expect("spawn true");
+        let dead = gone.id();
+        gone.wait().expect("wait");
+        let live = std::process::id();
+        let mut made = Vec::new();
+        for parent in run_parents() {
+            fs::create_dir_all(&parent).expect("run cgroup parent");
+            let stale = parent.join(format!("run-{dead}-sweep-unit"));
+            let kept = parent.join(format!("run-{live}-sweep-unit"));
+            fs::create_dir(&stale).expect("stale cgroup");
+            fs::create_dir(&kept).expect("live cgroup");
+            made.push((stale, kept));
+        }
+        sweep_stale();
+        for (stale, kept) in &made {
+            let (gone, there) = (!stale.exists(), kept.exists());
+            let _ = fs::remove_dir(kept);
+            assert!(gone, "not removed: {stale:?}");
+            assert!(there, "a live process's cgroup was removed: {kept:?}");
+        }
     }
 
     /// A process in `cg` that, once told, holds `mb` MiB (touched) and exits.

@@ -3,7 +3,8 @@
 // Started once per pool key inside a built sandbox root, like python_zygote.py (see there
 // for the namespaces, capabilities and the control protocol), with `--single-threaded`:
 // V8 then posts no work to its platform's worker threads, which exist in the fork server
-// but not in its forks (and with `--no-lazy`: what it loads is compiled here, once). It runs no program itself: it loads the native loop of
+// but not in its forks; and with `--no-lazy`: what it loads is compiled here, once. It runs
+// no program itself: it loads the native loop of
 // /.gearbox/fork.so (launchers/fork/) as a Node-API module and calls `serve`, which forks
 // one single-use sandbox per request and never returns in the fork server.
 //

@@ -5,6 +5,22 @@ use std::path::PathBuf;
 
 use gearbox_sandbox::CgroupSupport;
 
+/// Whether this host can run the checks that need root and per-run cgroups (the fork
+/// servers, cgroup limits, the stale-cgroup sweep). Without them a check is skipped loudly,
+/// unless `GEARBOX_SANDBOX_REQUIRED` is set (CI's root pass sets it): then a skip is a failure.
+pub fn root_and_cgroups(what: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && !matches!(CgroupSupport::detect(), CgroupSupport::None { .. }) {
+        return true;
+    }
+    if std::env::var_os("GEARBOX_SANDBOX_REQUIRED").is_some() {
+        panic!("{what}: needs root and cgroups, and GEARBOX_SANDBOX_REQUIRED is set");
+    }
+    eprintln!("SKIPPED {what}: needs root and cgroups (per-run limits)");
+    false
+}
+
 /// The `gearbox` parent cgroup of each hierarchy gearbox uses (memory and pids on v1).
 pub fn gearbox_roots() -> Vec<PathBuf> {
     match CgroupSupport::detect() {

@@ -170,16 +170,4 @@ pub fn cgroups_writable() -> bool {
     )
 }
 
-/// Whether this host can run the checks that need root and per-run cgroups (the fork
-/// servers, cgroup limits). Without them a check is skipped loudly, unless
-/// `GEARBOX_SANDBOX_REQUIRED` is set (CI's root pass sets it): then a skip is a failure.
-pub fn root_and_cgroups(what: &str) -> bool {
-    if is_root() && cgroups_writable() {
-        return true;
-    }
-    if std::env::var_os("GEARBOX_SANDBOX_REQUIRED").is_some() {
-        panic!("{what}: needs root and cgroups, and GEARBOX_SANDBOX_REQUIRED is set");
-    }
-    eprintln!("SKIPPED {what}: needs root and cgroups (per-run limits)");
-    false
-}
+pub use crate::cgroups::root_and_cgroups;
