@@ -10,6 +10,7 @@
 pub mod module;
 mod pipe;
 pub mod sandbox;
+mod snapshot;
 mod ticker;
 mod workspace;
 

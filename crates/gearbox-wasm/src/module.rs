@@ -42,7 +42,10 @@ pub(crate) fn engine() -> Result<Engine, WasmError> {
         .epoch_interruption(true)
         .max_wasm_stack(MAX_WASM_STACK_BYTES)
         .cranelift_opt_level(OptLevel::Speed)
-        .parallel_compilation(true);
+        .parallel_compilation(true)
+        // No wasm backtrace on errors: every run ends in one (`proc_exit` is an error that
+        // unwinds the guest), and a run's outcome names a trap by its kind, never by frames.
+        .wasm_backtrace_max_frames(None);
     // Instances come from a pool of slots reused from run to run instead of fresh mappings.
     // Wasmtime resets a slot's memory and tables to the module's initial image before it is
     // reused, so a run finds nothing of the one before (tests/wasm.rs checks).
@@ -73,31 +76,61 @@ pub(crate) fn load(
     cache_dir: Option<&Path>,
 ) -> Result<(Module, ModuleSource), WasmError> {
     let start = Instant::now();
-    let ms = |start: Instant| start.elapsed().as_millis() as u64;
-    let Some(dir) = cache_dir else {
-        let module = compile(engine, wasm)?;
-        return Ok((module, ModuleSource::Compiled { ms: ms(start) }));
-    };
-    let path = dir.join(cache_file_name(engine, wasm));
-    if path.is_file() {
-        // SAFETY: the file sits in gearbox's private cache directory (mode 0700) and was
-        // written by `store` below from `Module::serialize` of this very engine configuration;
-        // its name carries the guest's hash, the wasmtime version and the engine's
-        // compatibility hash, and wasmtime validates the header before using it.
-        match unsafe { Module::deserialize_file(engine, &path) } {
-            Ok(module) => {
-                return Ok((
-                    module,
-                    ModuleSource::Cache {
-                        path,
-                        ms: ms(start),
-                    },
-                ));
-            }
-            Err(e) => tracing::warn!(path = %path.display(), "ignoring unusable wasm cache: {e}"),
+    if let Some(found) =
+        cache_dir.and_then(|dir| cached(engine, dir, &cache_file_name(engine, wasm, "")))
+    {
+        return Ok(found);
+    }
+    compile_and_cache(
+        engine,
+        wasm,
+        cache_dir,
+        &cache_file_name(engine, wasm, ""),
+        start,
+    )
+}
+
+/// The module cached in `dir` under `name`, if there is one that loads.
+pub(crate) fn cached(engine: &Engine, dir: &Path, name: &str) -> Option<(Module, ModuleSource)> {
+    let start = Instant::now();
+    let path = dir.join(name);
+    if !path.is_file() {
+        return None;
+    }
+    // SAFETY: the file sits in gearbox's private cache directory (mode 0700) and was
+    // written by `store` below from `Module::serialize` of this very engine configuration;
+    // its name carries the guest's hash, the wasmtime version and the engine's
+    // compatibility hash, and wasmtime validates the header before using it.
+    match unsafe { Module::deserialize_file(engine, &path) } {
+        Ok(module) => Some((
+            module,
+            ModuleSource::Cache {
+                path,
+                ms: start.elapsed().as_millis() as u64,
+            },
+        )),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "ignoring unusable wasm cache: {e}");
+            None
         }
     }
+}
+
+/// Compile `wasm` and, with a cache directory, keep it there under `name`. `start` is when the
+/// work began, for the reported time.
+pub(crate) fn compile_and_cache(
+    engine: &Engine,
+    wasm: &[u8],
+    cache_dir: Option<&Path>,
+    name: &str,
+    start: Instant,
+) -> Result<(Module, ModuleSource), WasmError> {
+    let ms = |start: Instant| start.elapsed().as_millis() as u64;
     let module = compile(engine, wasm)?;
+    let Some(dir) = cache_dir else {
+        return Ok((module, ModuleSource::Compiled { ms: ms(start) }));
+    };
+    let path = dir.join(name);
     match store(&module, dir, &path) {
         Ok(()) => Ok((
             module,
@@ -117,13 +150,15 @@ fn compile(engine: &Engine, wasm: &[u8]) -> Result<Module, WasmError> {
     Module::new(engine, wasm).map_err(|e| WasmError::Compile(e.to_string()))
 }
 
-fn cache_file_name(engine: &Engine, wasm: &[u8]) -> String {
+/// The cache file of `wasm` (`kind` empty) or of something made from it (`kind` names what,
+/// with its format's version).
+pub(crate) fn cache_file_name(engine: &Engine, wasm: &[u8], kind: &str) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
     let digest = Sha256::digest(wasm);
     let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
     format!(
-        "quickjs-{hex}-wasmtime{}-{:016x}.cwasm",
+        "quickjs-{hex}{kind}-wasmtime{}-{:016x}.cwasm",
         wasmtime_version(),
         h.finish()
     )

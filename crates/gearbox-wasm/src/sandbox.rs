@@ -5,7 +5,7 @@
 //! future), no preopened directory unless the job brings files besides the entrypoint, no
 //! sockets. The run executes on tokio's blocking pool.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -22,6 +22,7 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 use crate::WasmError;
 use crate::module::{self, ModuleSource};
 use crate::pipe::CappedPipe;
+use crate::snapshot;
 use crate::ticker::Ticker;
 use crate::workspace::Workspace;
 
@@ -53,9 +54,12 @@ pub struct WasmSandbox {
 struct Inner {
     engine: Engine,
     pre: InstancePre<RunState>,
-    /// prelude.js compiled by the guest itself (hex), passed to every run; `None` if that
-    /// failed (runs then parse the prelude, ~0.8 ms slower).
+    /// prelude.js compiled by the guest itself (hex), passed to every run when there is no
+    /// snapshot; `None` with a snapshot or if that failed (runs then parse the prelude, ~0.8 ms
+    /// slower).
     prelude: Option<String>,
+    /// `Ok` when runs start from the snapshot (`snapshot.rs`); why not otherwise.
+    snapshot: Result<(), String>,
     source: ModuleSource,
     ticker: Ticker,
     slots: Slots,
@@ -128,34 +132,45 @@ impl WasmSandbox {
     /// Like [`WasmSandbox::new`] with another guest build (tests, benchmarks).
     pub fn with_module_bytes(config: WasmConfig, wasm: &[u8]) -> Result<WasmSandbox, WasmError> {
         let engine = module::engine()?;
-        let (module, source) = module::load(&engine, wasm, config.cache_dir.as_deref())?;
+        let (module, source, snapshot) = prepare(&engine, wasm, config.cache_dir.as_deref())?;
         let pre = instance_pre(&engine, &module)?;
         let ticker = Ticker::start(engine.clone()).map_err(WasmError::Ticker)?;
-        // On a thread of its own: wasmtime-wasi's synchronous calls must not run on a tokio
-        // worker, and `new` may well be called from async code.
-        let emitted = std::thread::scope(|s| {
-            s.spawn(|| emit_prelude(&engine, &pre))
-                .join()
-                .unwrap_or_else(|_| Err("the prelude thread panicked".into()))
-        });
-        let prelude = match emitted {
-            Ok(hex) => Some(hex),
-            Err(e) => {
-                tracing::warn!("precompiling the guest's prelude failed, runs parse it: {e}");
-                None
+        let prelude = match &snapshot {
+            Ok(()) => None,
+            Err(why) => {
+                tracing::warn!("the wasm guest runs without a snapshot: {why}");
+                match on_own_thread(|| emit_prelude(&engine, &pre)) {
+                    Ok(hex) => Some(hex),
+                    Err(e) => {
+                        tracing::warn!(
+                            "precompiling the guest's prelude failed, runs parse it: {e}"
+                        );
+                        None
+                    }
+                }
             }
         };
-        tracing::debug!(?source, "wasm backend ready");
+        tracing::debug!(?source, snapshot = snapshot.is_ok(), "wasm backend ready");
         Ok(WasmSandbox {
             inner: Arc::new(Inner {
                 engine,
                 pre,
                 prelude,
+                snapshot,
                 source,
                 ticker,
                 slots: Slots::new(crate::module::INSTANCE_SLOTS),
             }),
         })
+    }
+
+    /// Whether runs start from a snapshot of the set-up engine; why not otherwise.
+    pub fn snapshot(&self) -> Result<(), &str> {
+        self.inner
+            .snapshot
+            .as_ref()
+            .map(|_| ())
+            .map_err(String::as_str)
     }
 
     /// How the module was obtained (compiled, or loaded from the cache) and how long it took.
@@ -170,23 +185,56 @@ impl WasmSandbox {
     }
 }
 
-fn instance_pre(engine: &Engine, module: &Module) -> Result<InstancePre<RunState>, WasmError> {
-    let mut linker: Linker<RunState> = Linker::new(engine);
-    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut RunState| &mut s.wasi)
-        .map_err(|e| WasmError::Link(e.to_string()))?;
-    linker
-        .instantiate_pre(module)
-        .map_err(|e| WasmError::Link(e.to_string()))
+/// The module runs are made of: the snapshot of `wasm` (from the cache, or taken now and
+/// cached), or `wasm` itself when no snapshot can be made (the error says why).
+fn prepare(
+    engine: &Engine,
+    wasm: &[u8],
+    cache_dir: Option<&Path>,
+) -> Result<(Module, ModuleSource, Result<(), String>), WasmError> {
+    let name = module::cache_file_name(engine, wasm, &format!("-snapshot{}", snapshot::FORMAT));
+    if let Some((m, source)) = cache_dir.and_then(|dir| module::cached(engine, dir, &name)) {
+        return Ok((m, source, Ok(())));
+    }
+    let start = Instant::now();
+    let (original, source) = module::load(engine, wasm, cache_dir)?;
+    let taken = snapshot::check(wasm).and_then(|()| {
+        let pre = instance_pre(engine, &original).map_err(|e| e.to_string())?;
+        let memory = on_own_thread(|| take_snapshot(engine, &pre))?;
+        snapshot::rewrite(wasm, &memory)
+    });
+    let made = taken.and_then(|bytes| {
+        module::compile_and_cache(engine, &bytes, cache_dir, &name, start)
+            .map_err(|e| format!("compiling the snapshot: {e}"))
+    });
+    Ok(match made {
+        Ok((m, source)) => (m, source, Ok(())),
+        Err(why) => (original, source, Err(why)),
+    })
 }
 
-/// Run the guest once with `--emit-prelude`: QuickJS bytecode of its prelude, in hex.
-fn emit_prelude(engine: &Engine, pre: &InstancePre<RunState>) -> Result<String, String> {
-    let stdout = CappedPipe::new(PRELUDE_MAX_BYTES);
-    let stderr = CappedPipe::new(64 * 1024);
+/// Run `f` on a thread of its own: wasmtime-wasi's synchronous calls must not run on a tokio
+/// worker, and the backend may well be built from async code.
+fn on_own_thread<T: Send>(f: impl FnOnce() -> Result<T, String> + Send) -> Result<T, String> {
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|_| Err("the thread panicked".into()))
+    })
+}
+
+/// A store for the backend's own calls into the guest (not a run): generous limits, output
+/// into `stdout` and `stderr`.
+fn service_store(
+    engine: &Engine,
+    args: &[&str],
+    stdout: &CappedPipe,
+    stderr: &CappedPipe,
+) -> Store<RunState> {
     let wasi = WasiCtxBuilder::new()
         .stdout(stdout.clone())
         .stderr(stderr.clone())
-        .args(&["quickjs", "--emit-prelude"])
+        .args(args)
         .build_p1();
     let state = RunState {
         wasi,
@@ -203,6 +251,51 @@ fn emit_prelude(engine: &Engine, pre: &InstancePre<RunState>) -> Result<String, 
     store.limiter(|s| &mut s.limiter);
     // The ticker is idle (no active run), so the epoch does not move: no deadline needed.
     store.set_epoch_deadline(1 << 40);
+    store
+}
+
+/// Call the guest's `gearbox_snapshot` in a fresh instance and return its linear memory.
+fn take_snapshot(engine: &Engine, pre: &InstancePre<RunState>) -> Result<Vec<u8>, String> {
+    let stdout = CappedPipe::new(64 * 1024);
+    let stderr = CappedPipe::new(64 * 1024);
+    let mut store = service_store(engine, &["quickjs"], &stdout, &stderr);
+    let failed =
+        |what: &str, e: wasmtime::Error| format!("{what}: {e} {}", stderr.finish().text.trim());
+    let instance = pre
+        .instantiate(&mut store)
+        .map_err(|e| failed("instantiating the guest", e))?;
+    let sp = instance
+        .get_global(&mut store, snapshot::STACK_POINTER_EXPORT)
+        .ok_or("the guest does not export its stack pointer")?;
+    let sp_before = sp.get(&mut store).i32();
+    let init = instance
+        .get_typed_func::<(), ()>(&mut store, snapshot::INIT_EXPORT)
+        .map_err(|_| format!("the guest has no `{}` export", snapshot::INIT_EXPORT))?;
+    init.call(&mut store, ())
+        .map_err(|e| failed("preparing the snapshot", e))?;
+    if sp.get(&mut store).i32() != sp_before {
+        return Err("the guest's stack pointer moved while it prepared the snapshot".into());
+    }
+    let memory = instance
+        .get_memory(&mut store, "memory")
+        .ok_or("the guest does not export its memory")?;
+    Ok(memory.data(&store).to_vec())
+}
+
+fn instance_pre(engine: &Engine, module: &Module) -> Result<InstancePre<RunState>, WasmError> {
+    let mut linker: Linker<RunState> = Linker::new(engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut RunState| &mut s.wasi)
+        .map_err(|e| WasmError::Link(e.to_string()))?;
+    linker
+        .instantiate_pre(module)
+        .map_err(|e| WasmError::Link(e.to_string()))
+}
+
+/// Run the guest once with `--emit-prelude`: QuickJS bytecode of its prelude, in hex.
+fn emit_prelude(engine: &Engine, pre: &InstancePre<RunState>) -> Result<String, String> {
+    let stdout = CappedPipe::new(PRELUDE_MAX_BYTES);
+    let stderr = CappedPipe::new(64 * 1024);
+    let mut store = service_store(engine, &["quickjs", "--emit-prelude"], &stdout, &stderr);
     let result = pre.instantiate(&mut store).and_then(|instance| {
         instance
             .get_typed_func::<(), ()>(&mut store, "_start")
@@ -324,6 +417,10 @@ impl Sandbox for WasmSandbox {
         let mut details = vec![
             "javascript only: QuickJS (quickjs-ng, rquickjs 0.14) compiled to wasm32-wasip1, run by wasmtime 48".to_string(),
             source,
+            match &self.inner.snapshot {
+                Ok(()) => "runs start from a snapshot of the guest with QuickJS and the prelude set up".into(),
+                Err(why) => format!("no snapshot, every run sets QuickJS up: {why}"),
+            },
             "memory: linear-memory limit per run (memory_mb); wall clock: epoch deadline (timeout_ms)".into(),
             "no filesystem (a read-only private workspace only when the call brings files), no network, no processes".into(),
         ];

@@ -463,6 +463,109 @@ mod reused_slots {
     }
 }
 
+/// Runs start from a snapshot of the guest with QuickJS set up (`src/snapshot.rs`).
+mod snapshot {
+    use super::*;
+
+    #[test]
+    fn the_guest_runs_from_a_snapshot() {
+        assert_eq!(sandbox().snapshot(), Ok(()));
+    }
+
+    fn numbers(o: &Outcome) -> Vec<f64> {
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        o.stdout
+            .split_whitespace()
+            .map(|w| w.parse().expect("a number"))
+            .collect()
+    }
+
+    /// QuickJS seeds `Math.random` when the context is made, which for a snapshot is once:
+    /// every run must draw its own sequence all the same.
+    #[tokio::test]
+    async fn each_run_draws_its_own_random_numbers() {
+        let code = "console.log(Math.random(), Math.random(), Math.random())";
+        let a = numbers(&js(code).await);
+        let b = numbers(&js(code).await);
+        assert_eq!(a.len(), 3);
+        assert!(
+            a.iter().chain(&b).all(|x| (0.0..1.0).contains(x)),
+            "{a:?} {b:?}"
+        );
+        assert_ne!(a, b, "two runs drew the same numbers");
+        assert_ne!(a[0], a[1]);
+    }
+
+    /// `performance` counts from the run's start, not from when the snapshot was taken.
+    #[tokio::test]
+    async fn performance_counts_from_the_run_start() {
+        sandbox();
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let t = numbers(
+            &js("console.log(performance.now(), Date.now() - performance.timeOrigin)").await,
+        );
+        assert!(t[0] >= 0.0 && t[0] < 1000.0, "performance.now() = {}", t[0]);
+        assert!(
+            t[1] > -50.0 && t[1] < 1000.0,
+            "since timeOrigin: {} ms",
+            t[1]
+        );
+    }
+
+    /// A run that replaces what the snapshot holds (the prelude's console, Math, the global
+    /// object's builtins) leaves the next run the snapshot's own.
+    #[tokio::test]
+    async fn a_run_that_replaces_builtins_leaves_the_next_run_untouched() {
+        let spoil = js(
+            "console.log('spoiling'); globalThis.console = { log() {} }; \
+             Math.random = () => 0.5; JSON.stringify = () => 'forged'; \
+             performance.now = () => -1; delete globalThis.Promise",
+        )
+        .await;
+        assert_eq!(spoil.stdout, "spoiling\n", "{spoil:?}");
+        for _ in 0..3 {
+            let o = js(
+                "console.log(JSON.stringify({a: 1}), Math.random() !== 0.5, \
+                 performance.now() >= 0, typeof Promise)",
+            )
+            .await;
+            assert_eq!(o.stdout, "{\"a\":1} true true function\n", "{o:?}");
+        }
+    }
+
+    /// A guest without the snapshot export still runs, as it is (with its prelude
+    /// precompiled), and says why there is no snapshot.
+    #[tokio::test]
+    async fn a_guest_without_the_snapshot_export_runs_as_it_is() {
+        let mut wasm = gearbox_wasm::module::GUEST_WASM.to_vec();
+        let (from, to) = (b"gearbox_snapshot", b"gearbox_snapshoX");
+        let mut renamed = 0;
+        for i in 0..wasm.len() - from.len() {
+            if &wasm[i..i + from.len()] == from {
+                wasm[i..i + from.len()].copy_from_slice(to);
+                renamed += 1;
+            }
+        }
+        assert!(renamed > 0);
+        let dir = std::env::temp_dir().join("gearbox-wasm-test-cache");
+        let sb = WasmSandbox::with_module_bytes(
+            WasmConfig {
+                cache_dir: Some(dir),
+            },
+            &wasm,
+        )
+        .expect("the backend builds without a snapshot");
+        let why = sb.snapshot().expect_err("no snapshot without the export");
+        assert!(why.contains("gearbox_snapshot"), "{why}");
+        let code = "console.log(Math.random(), typeof process.env, 6 * 7)";
+        let a = sb.run(job(code)).await.expect("run");
+        let b = sb.run(job(code)).await.expect("run");
+        assert_eq!(a.status, Status::Ok, "{a:?}");
+        assert!(a.stdout.ends_with(" object 42\n"), "{a:?}");
+        assert_ne!(a.stdout, b.stdout);
+    }
+}
+
 mod unicode {
     use super::*;
 

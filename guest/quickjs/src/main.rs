@@ -15,6 +15,12 @@
 //!   else as a sloppy-mode script. Both allow top-level `await`.
 //! - `--prelude-bytecode HEX` gives prelude.js precompiled by `quickjs --emit-prelude` (the host
 //!   does this once per process); without it the prelude is parsed in every run.
+//! - The export `gearbox_snapshot` builds the runtime, the context and the prelude ahead of any
+//!   run. The host calls it once, takes the instance's linear memory as the initial memory of a
+//!   new module (a snapshot, like wizer's) and runs `_start` of that module for every call, so
+//!   no run pays for the engine's set-up. What a context fixes at creation from the clock
+//!   (`Math.random`'s seed, `performance`'s time origin) is made afresh in every run
+//!   ([`per_run_state`]), so runs of one snapshot share nothing but the engine's initial state.
 //! - The program's stdin is WASI stdin (read with `readStdin()`); ARGS become `scriptArgs[1..]`
 //!   and `process.argv[2..]`; WASI environment variables become `process.env`.
 //!
@@ -38,6 +44,44 @@ use rquickjs::module::WriteOptions;
 use rquickjs::{Context, Ctx, Function, Module, Object, Persistent, Promise, Runtime, Value};
 
 const PRELUDE: &str = include_str!("prelude.js");
+
+/// The runtime, context and prelude factory made by [`gearbox_snapshot`], taken by the run.
+struct Warm {
+    rt: Runtime,
+    ctx: Context,
+    factory: Persistent<Function<'static>>,
+}
+
+thread_local! {
+    static WARM: RefCell<Option<Warm>> = const { RefCell::new(None) };
+}
+
+/// Called by the host once, before it snapshots linear memory (see the module docs). A failure
+/// traps, and the host then runs this module as it is.
+#[unsafe(export_name = "gearbox_snapshot")]
+pub extern "C" fn gearbox_snapshot() {
+    match warm_up() {
+        Ok(w) => WARM.with(|c| *c.borrow_mut() = Some(w)),
+        Err(e) => {
+            eprintln!("quickjs: preparing the snapshot: {e}");
+            std::process::abort()
+        }
+    }
+}
+
+fn warm_up() -> Result<Warm, String> {
+    let rt = Runtime::new().map_err(|e| format!("creating the runtime: {e}"))?;
+    let ctx = Context::full(&rt).map_err(|e| format!("creating the context: {e}"))?;
+    let factory = ctx.with(|ctx| -> Result<_, String> {
+        let m = Module::declare(ctx.clone(), "gearbox:prelude", prelude_module_source());
+        let f: Function = m
+            .and_then(|m| m.eval())
+            .and_then(|(m, _)| m.get("default"))
+            .map_err(|e| format!("prelude: {e}"))?;
+        Ok(Persistent::save(&ctx, f))
+    })?;
+    Ok(Warm { rt, ctx, factory })
+}
 
 /// Exit status after an uncaught exception or an unhandled rejection.
 const EXIT_UNCAUGHT: i32 = 1;
@@ -208,7 +252,14 @@ fn looks_like_module(code: &str) -> bool {
 type Rejections = Rc<RefCell<Vec<(Persistent<Value<'static>>, Persistent<Value<'static>>)>>>;
 
 fn run(args: &Args, code: String) -> Result<i32, String> {
-    let rt = Runtime::new().map_err(|e| format!("creating the runtime: {e}"))?;
+    let (rt, ctx, factory) = match WARM.with(|c| c.borrow_mut().take()) {
+        Some(w) => (w.rt, w.ctx, Some(w.factory)),
+        None => {
+            let rt = Runtime::new().map_err(|e| format!("creating the runtime: {e}"))?;
+            let ctx = Context::full(&rt).map_err(|e| format!("creating the context: {e}"))?;
+            (rt, ctx, None)
+        }
+    };
     if args.code.is_none() {
         // Relative imports resolve in the preopened workspace.
         rt.set_loader(
@@ -216,7 +267,6 @@ fn run(args: &Args, code: String) -> Result<i32, String> {
             ScriptLoader::default().with_extension("mjs"),
         );
     }
-    let ctx = Context::full(&rt).map_err(|e| format!("creating the context: {e}"))?;
 
     // Promises rejected with no handler (yet). An entry is removed when a handler is attached
     // later; what is left when the program finishes is reported.
@@ -244,8 +294,9 @@ fn run(args: &Args, code: String) -> Result<i32, String> {
     }
 
     let module = is_module(args, &code);
-    ctx.with(|ctx| -> Result<i32, String> {
-        let hooks = install_prelude(&ctx, args)?;
+    let status = ctx.with(|ctx| -> Result<i32, String> {
+        per_run_state(&ctx)?;
+        let hooks = install_prelude(&ctx, args, factory)?;
         let report = |v| report(&hooks, v);
 
         // Evaluate the program. Both paths yield a promise (top-level await is allowed).
@@ -314,7 +365,12 @@ fn run(args: &Args, code: String) -> Result<i32, String> {
             .and_then(|f| f.call(()))
             .unwrap_or(0);
         Ok(code)
-    })
+    });
+    // The process ends with the run: freeing every object, atom and shape (and a last garbage
+    // collection) would only cost time, and the host discards the instance's memory anyway.
+    std::mem::forget(ctx);
+    std::mem::forget(rt);
+    status
 }
 
 /// The text reported for an uncaught exception or rejection `v`.
@@ -325,10 +381,75 @@ fn report<'js>(hooks: &Object<'js>, v: Value<'js>) -> String {
         .unwrap_or_else(|_| "Uncaught exception".to_string())
 }
 
-/// Evaluate prelude.js and call it with the native functions; returns its hooks object.
-fn install_prelude<'js>(ctx: &Ctx<'js>, args: &Args) -> Result<Object<'js>, String> {
-    let factory: Function = match &args.prelude {
-        Some(bytes) => {
+/// Give this run its own `Math.random` (seeded from WASI's random source) and its own
+/// `performance` (time origin now). QuickJS fixes both when the context is made, which for a
+/// snapshot is before the host serves any run.
+fn per_run_state(ctx: &Ctx<'_>) -> Result<(), String> {
+    let err = |e: rquickjs::Error| format!("setting up the run: {e}");
+    let mut seed = [0u8; 8];
+    // SAFETY: `seed` is 8 writable bytes; random_get writes at most that many.
+    let rc = unsafe { wasi_random_get(seed.as_mut_ptr(), seed.len()) };
+    if rc != 0 {
+        return Err(format!("setting up the run: random_get failed ({rc})"));
+    }
+    let state = std::cell::Cell::new(u64::from_le_bytes(seed).max(1));
+    // QuickJS's own generator (xorshift64*, 52 bits into [0, 1)), on a per-run seed.
+    let random = Func::from(move || -> f64 {
+        let mut x = state.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        state.set(x);
+        let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        f64::from_bits((0x3ff << 52) | (v >> 12)) - 1.0
+    });
+    let math: Object = ctx.globals().get("Math").map_err(err)?;
+    math.set("random", random).map_err(err)?;
+
+    let origin = std::time::Instant::now();
+    let origin_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0);
+    let performance = Object::new(ctx.clone()).map_err(err)?;
+    let now = Func::from(move || -> f64 { origin.elapsed().as_secs_f64() * 1e3 });
+    performance
+        .prop(
+            "now",
+            rquickjs::object::Property::from(now)
+                .enumerable()
+                .writable()
+                .configurable(),
+        )
+        .map_err(err)?;
+    performance
+        .prop(
+            "timeOrigin",
+            rquickjs::object::Property::from(origin_ms).enumerable(),
+        )
+        .map_err(err)?;
+    ctx.globals().set("performance", performance).map_err(err)?;
+    Ok(())
+}
+
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+unsafe extern "C" {
+    #[link_name = "random_get"]
+    fn wasi_random_get(buf: *mut u8, len: usize) -> u16;
+}
+
+/// Evaluate prelude.js (or take the snapshot's) and call it with the native functions;
+/// returns its hooks object.
+fn install_prelude<'js>(
+    ctx: &Ctx<'js>,
+    args: &Args,
+    warm: Option<Persistent<Function<'static>>>,
+) -> Result<Object<'js>, String> {
+    let factory: Function = match (warm, &args.prelude) {
+        (Some(f), _) => f
+            .restore(ctx)
+            .map_err(|e| format!("prelude from the snapshot: {e}"))?,
+        (None, Some(bytes)) => {
             // The module keeps pointers into its bytecode (JS_READ_OBJ_ROM_DATA): leak it, the
             // process ends with the run anyway.
             let bytes: &'static [u8] = Box::leak(bytes.clone().into_boxed_slice());
@@ -339,7 +460,7 @@ fn install_prelude<'js>(ctx: &Ctx<'js>, args: &Args) -> Result<Object<'js>, Stri
                 .and_then(|(m, _)| m.get("default"))
                 .map_err(|e| format!("prelude bytecode: {e}"))?
         }
-        None => {
+        (None, None) => {
             let m = Module::declare(ctx.clone(), "gearbox:prelude", prelude_module_source());
             m.and_then(|m| m.eval())
                 .and_then(|(m, _)| m.get("default"))

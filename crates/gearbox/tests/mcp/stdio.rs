@@ -196,6 +196,41 @@ async fn each_language_runs_with_structured_output() {
     }
 }
 
+/// QuickJS calls start from one snapshot of the set-up engine: each still finds nothing of
+/// the call before it and draws its own random numbers.
+#[tokio::test]
+async fn wasm_calls_share_nothing_through_the_snapshot() {
+    let s = start(&[]).await;
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        let r = call(
+            &s,
+            "execute_code",
+            json!({"language": "javascript", "backend": "wasm", "args": [i.to_string()],
+                   "code": "console.log(typeof globalThis.left, process.argv[2], Math.random()); \
+                            globalThis.left = 1; Math.random = () => 0"}),
+        )
+        .await;
+        let v = structured(&r);
+        assert_eq!(
+            (v["status"].as_str(), v["backend"].as_str()),
+            (Some("ok"), Some("wasm")),
+            "{v}"
+        );
+        let out = v["stdout"].as_str().unwrap_or_default().to_string();
+        let words: Vec<&str> = out.split_whitespace().collect();
+        assert_eq!(words[..2], ["undefined", i.to_string().as_str()], "{out}");
+        seen.push(words[2].to_string());
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(
+        seen.len(),
+        3,
+        "calls drew the same random numbers: {seen:?}"
+    );
+}
+
 #[tokio::test]
 async fn inputs_reach_the_program() {
     let s = start(&[]).await;
