@@ -11,7 +11,7 @@
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
 use wasmtime::{Config, Engine, Module, OptLevel};
@@ -102,13 +102,16 @@ pub(crate) fn cached(engine: &Engine, dir: &Path, name: &str) -> Option<(Module,
     // its name carries the guest's hash, the wasmtime version and the engine's
     // compatibility hash, and wasmtime validates the header before using it.
     match unsafe { Module::deserialize_file(engine, &path) } {
-        Ok(module) => Some((
-            module,
-            ModuleSource::Cache {
-                path,
-                ms: start.elapsed().as_millis() as u64,
-            },
-        )),
+        Ok(module) => {
+            mark_used(&path);
+            Some((
+                module,
+                ModuleSource::Cache {
+                    path,
+                    ms: start.elapsed().as_millis() as u64,
+                },
+            ))
+        }
         Err(e) => {
             tracing::warn!(path = %path.display(), "ignoring unusable wasm cache: {e}");
             None
@@ -179,7 +182,55 @@ fn store(module: &Module, dir: &Path, path: &Path) -> std::io::Result<()> {
     drop(f);
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
-    })
+    })?;
+    prune(dir, SystemTime::now());
+    Ok(())
+}
+
+/// A cache file no start has loaded for this long is removed when a new one is written: each
+/// guest or wasmtime upgrade leaves its files behind (~3 MB each), while two builds that share
+/// the directory keep theirs, since each start marks the file it loads.
+const UNUSED_FOR: Duration = Duration::from_secs(14 * 24 * 3600);
+/// A temporary file this old was left by a process that died while writing.
+const ABANDONED_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Note that `path` was used now (its modification time), for [`prune`].
+fn mark_used(path: &Path) {
+    let touched = std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(SystemTime::now()));
+    if let Err(e) = touched {
+        tracing::debug!(path = %path.display(), "cannot mark the wasm cache file used: {e}");
+    }
+}
+
+/// Remove gearbox's own cache files in `dir` that were last used longer ago than
+/// [`UNUSED_FOR`] (temporary files: [`ABANDONED_AFTER`]) before `now`. Other files are left.
+fn prune(dir: &Path, now: SystemTime) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let limit = if name.starts_with("quickjs-") && name.ends_with(".cwasm") {
+            UNUSED_FOR
+        } else if name.starts_with(".tmp-") {
+            ABANDONED_AFTER
+        } else {
+            continue;
+        };
+        let Ok(meta) = entry.metadata() else { continue };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age > limit);
+        if meta.is_file() && old {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn unique() -> u64 {
@@ -231,4 +282,62 @@ pub fn default_cache_dir() -> Option<PathBuf> {
                 .map(|h| PathBuf::from(h).join(".cache"))
         })?;
     Some(base.join("gearbox").join("wasm"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dir: &Path, name: &str, age: Duration) {
+        let path = dir.join(name);
+        std::fs::write(&path, b"x").expect("write");
+        let f = std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        f.set_modified(SystemTime::now() - age).expect("set mtime");
+    }
+
+    #[test]
+    fn prune_removes_only_its_own_long_unused_files() {
+        let dir = std::env::temp_dir().join(format!("gearbox-wasm-prune-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let day = Duration::from_secs(24 * 3600);
+        file(&dir, "quickjs-old-wasmtime48.cwasm", 30 * day);
+        file(&dir, "quickjs-recent-wasmtime48.cwasm", 3 * day);
+        file(&dir, ".tmp-1-2", 2 * day);
+        file(&dir, ".tmp-3-4", Duration::from_secs(60));
+        file(&dir, "notes.txt", 300 * day);
+        file(&dir, "other-old.cwasm", 300 * day);
+        prune(&dir, SystemTime::now());
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .expect("read")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".tmp-3-4",
+                "notes.txt",
+                "other-old.cwasm",
+                "quickjs-recent-wasmtime48.cwasm"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_loaded_file_counts_as_used() {
+        let dir = std::env::temp_dir().join(format!("gearbox-wasm-mark-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let day = Duration::from_secs(24 * 3600);
+        file(&dir, "quickjs-a.cwasm", 30 * day);
+        mark_used(&dir.join("quickjs-a.cwasm"));
+        prune(&dir, SystemTime::now());
+        assert!(dir.join("quickjs-a.cwasm").is_file());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
