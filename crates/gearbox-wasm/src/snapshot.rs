@@ -1,16 +1,19 @@
 //! A snapshot of the guest with QuickJS already set up, in the manner of wizer.
 //!
 //! The guest exports `gearbox_snapshot`, which builds the JavaScript runtime, the context and
-//! the prelude and keeps them in linear memory. [`take`] calls it once in an instance of the
-//! guest and [`rewrite`] makes a new module whose initial memory is that instance's memory; every
-//! run then starts from it instead of building the engine again. wasmtime maps the initial
-//! memory copy-on-write and resets a pooled slot to it after each run, so one run's writes never
-//! reach the next (tests/wasm.rs checks), and the guest makes what QuickJS derives from the clock
-//! at context creation afresh in every run (`Math.random`'s seed, `performance`).
+//! the prelude and keeps them in linear memory. The backend calls it once in an instance of
+//! the guest (`take_snapshot` in `sandbox.rs`) and [`rewrite`] makes a new module whose
+//! initial memory is that instance's memory; every run then starts from it instead of building
+//! the engine again. wasmtime maps the initial memory copy-on-write and resets a pooled slot
+//! to it after each run, so one run's writes never reach the next (tests/wasm.rs checks), and
+//! the guest makes what QuickJS derives from the clock at context creation afresh in every run
+//! (`Math.random`'s seed, `performance`).
 //!
-//! Only what a snapshot cannot carry makes [`take`] refuse: a guest without the export, a
-//! second memory or a passive data segment, or a stack pointer the call did not restore (the
-//! module's globals are kept as they are). The backend then runs the guest as it is.
+//! Only what a snapshot cannot carry makes the backend refuse one: a guest without the export,
+//! a second memory or a passive data segment ([`check`]), or a stack pointer the call did not
+//! restore (the module's globals and tables are kept as they are: the guest's code neither
+//! sets a global but the stack pointer nor changes its function table). The backend then runs
+//! the guest as it is.
 //!
 //! Written here rather than taken from the wizer crate: wizer pins its own wasmtime, and the
 //! part gearbox needs (one call, one memory, one global checked) is a hundred lines over the
