@@ -92,19 +92,30 @@ impl<'f> Sink<'f> {
     /// Parses `src`. `None` when the parser could not be set up (noted as a parse error) or
     /// the analysis ran out of time (noted in `timed_out`).
     pub fn parse(&mut self, language: Language, src: &str) -> Option<Tree> {
-        let mut parser = Parser::new();
-        if parser.set_language(&language).is_err() {
-            self.parse_errors = true;
-            return None;
+        // One parser per thread, reused: making and freeing one per parse cost a few µs of
+        // every call (docs/ANALYSIS.md). A parse the deadline cancelled would otherwise resume
+        // where it stopped; `reset` (and `set_language`, which resets too) starts afresh.
+        thread_local! {
+            static PARSER: std::cell::RefCell<Parser> = std::cell::RefCell::new(Parser::new());
         }
         let deadline = self.deadline;
         let mut past_deadline = |_: &ParseState| Instant::now() > deadline;
         let bytes = src.as_bytes();
-        let tree = parser.parse_with_options(
-            &mut |i, _| bytes.get(i..).unwrap_or(&[]),
-            None,
-            Some(ParseOptions::new().progress_callback(&mut past_deadline)),
-        );
+        let tree = PARSER.with_borrow_mut(|parser| {
+            parser.reset();
+            if parser.set_language(&language).is_err() {
+                return Err(());
+            }
+            Ok(parser.parse_with_options(
+                &mut |i, _| bytes.get(i..).unwrap_or(&[]),
+                None,
+                Some(ParseOptions::new().progress_callback(&mut past_deadline)),
+            ))
+        });
+        let Ok(tree) = tree else {
+            self.parse_errors = true;
+            return None;
+        };
         if tree.is_none() {
             self.timed_out = true;
         }
@@ -955,6 +966,21 @@ mod tests {
                 .is_none()
         );
         assert!(sink.timed_out);
+        // The thread's parser is reused: the next parse starts afresh, not where the
+        // cancelled one stopped.
+        let mut sink = Sink::new(
+            "main.py",
+            Instant::now() + std::time::Duration::from_secs(60),
+            &NO_ANALYSERS,
+        );
+        let small = "y = 2\n";
+        let tree = sink.parse(tree_sitter_python::LANGUAGE.into(), small);
+        let root = tree.as_ref().map(|t| t.root_node());
+        assert_eq!(
+            root.map(|r| (r.end_byte(), r.has_error())),
+            Some((small.len(), false))
+        );
+        assert_eq!(root.map(|r| r.child_count()), Some(1));
         let mut sink = Sink::new(
             "main.py",
             Instant::now() + std::time::Duration::from_secs(60),
