@@ -11,52 +11,34 @@ children not: the wasm backend runs in the server). A warm-up server per build f
 that each build's compiled module is in the cache. Standard library only.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from warm_pool import Lines  # noqa: E402
 
 
 def one(gearbox, n):
-    p = subprocess.Popen([gearbox, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL)
-
-    def send(o):
-        p.stdin.write((json.dumps(o) + "\n").encode())
-        p.stdin.flush()
-
-    def recv():
-        while True:
-            m = json.loads(p.stdout.readline())
-            if "id" in m:
-                return m
-
-    send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-          "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                     "clientInfo": {"name": "quickjs_calls", "version": "1"}}})
-    recv()
-    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    server = Lines(gearbox)
     time.sleep(1.0)
 
     def cpu_ms():
-        st = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
+        st = open(f"/proc/{server.p.pid}/stat").read().rsplit(")", 1)[1].split()
         return (int(st[11]) + int(st[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
     cpu0, times = cpu_ms(), []
     for i in range(n):
         t = time.perf_counter()
-        send({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
-              "params": {"name": "execute_code", "arguments": {
-                  "language": "javascript", "backend": "wasm", "code": f'console.log("{i}")'}}})
-        m = recv()
+        sc = server.execute({"language": "javascript", "backend": "wasm",
+                             "code": f'console.log("{i}")'})
         times.append((time.perf_counter() - t) * 1000)
-        out = m.get("result", {}).get("structuredContent", {}).get("stdout")
-        if out != f"{i}\n":
-            raise SystemExit(f"{gearbox}: call {i} answered {m}")
+        if sc.get("stdout") != f"{i}\n":
+            raise SystemExit(f"{gearbox}: call {i} answered {sc}")
     cpu = (cpu_ms() - cpu0) / n
-    p.stdin.close()
-    p.wait()
+    server.close()
     return statistics.median(times), cpu
 
 

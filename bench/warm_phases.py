@@ -22,14 +22,17 @@ replacement sandbox was forked while the program ran (two cores: it competes wit
 Needs root and `perf`. Standard library otherwise.
 """
 import argparse
-import json
 import os
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from warm_pool import Lines  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = {"python": "print({i})", "bash": "echo {i}", "javascript": "console.log({i})"}
@@ -39,45 +42,24 @@ BARE = {
     "javascript": ["node", "-e", "console.log(1)"],
 }
 EVENT = re.compile(r"\s*(.+?)\s+(\d+)/(\d+)\s+([\d.]+):\s+sched:(\w+):\s*(.*)")
-NOT_PROGRAM = ("gb-init", "gb-zygote", "gearbox", "tokio", "perf", "kworker", "python3 ")
+NOT_PROGRAM = ("gb-init", "gb-zygote", "gearbox", "tokio", "perf", "kworker")
 
 
 def calls(gearbox, language, n, gap):
-    p = subprocess.Popen([gearbox, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL)
-
-    def send(o):
-        p.stdin.write((json.dumps(o) + "\n").encode())
-        p.stdin.flush()
-
-    def recv():
-        while True:
-            m = json.loads(p.stdout.readline())
-            if "id" in m:
-                return m
-
-    send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-          "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                     "clientInfo": {"name": "warm_phases", "version": "1"}}})
-    recv()
-    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    server = Lines(gearbox)
     time.sleep(2.5)
     out = []
     for i in range(n + 10):
         t0 = time.monotonic()
-        send({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
-              "params": {"name": "execute_code",
-                         "arguments": {"language": language, "code": CODE[language].format(i=i)}}})
-        r = recv()
+        sc = server.execute({"language": language, "code": CODE[language].format(i=i)})
         t1 = time.monotonic()
-        got = r["result"]["structuredContent"]["stdout"].strip()
-        if got != str(i):
-            raise SystemExit(f"call {i} answered {got!r}")
+        if sc.get("stdout", "").strip() != str(i):
+            raise SystemExit(f"call {i} answered {sc}")
         if i >= 10:
             out.append((t0, t1))
         time.sleep(gap)
-    p.kill()
-    p.wait()
+    server.p.kill()
+    server.p.wait()
     return out
 
 

@@ -95,6 +95,41 @@ class Rpc:
         self.p.wait(timeout=15)
 
 
+class Lines:
+    """One `gearbox serve` over stdio, one request at a time on the calling thread: no reader
+    thread stands between an answer and its caller, for timing sub-millisecond calls."""
+
+    def __init__(self, gearbox, args=()):
+        self.p = subprocess.Popen([gearbox, *args, "serve"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.next_id = 0
+        self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                    "clientInfo": {"name": "bench", "version": "0"}})
+        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _send(self, msg):
+        self.p.stdin.write((json.dumps(msg) + "\n").encode())
+        self.p.stdin.flush()
+
+    def request(self, method, params):
+        """The whole answer (`result` or `error`) to one request."""
+        self.next_id += 1
+        self._send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        while True:
+            msg = json.loads(self.p.stdout.readline())
+            if msg.get("id") == self.next_id:
+                return msg
+
+    def execute(self, arguments):
+        """`execute_code` with `arguments`: its structured result."""
+        msg = self.request("tools/call", {"name": "execute_code", "arguments": arguments})
+        return msg.get("result", {}).get("structuredContent", {})
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=15)
+
+
 GAP_S = 0.0
 
 

@@ -70,24 +70,19 @@ pub enum ModuleSource {
     CompiledAndCached { path: PathBuf, ms: u64 },
 }
 
+/// The compiled guest: from `cache_dir` under `name` when it is there and loads, otherwise
+/// compiled (and cached there).
 pub(crate) fn load(
     engine: &Engine,
     wasm: &[u8],
     cache_dir: Option<&Path>,
+    name: &str,
 ) -> Result<(Module, ModuleSource), WasmError> {
     let start = Instant::now();
-    if let Some(found) =
-        cache_dir.and_then(|dir| cached(engine, dir, &cache_file_name(engine, wasm, "")))
-    {
+    if let Some(found) = cache_dir.and_then(|dir| cached(engine, dir, name)) {
         return Ok(found);
     }
-    compile_and_cache(
-        engine,
-        wasm,
-        cache_dir,
-        &cache_file_name(engine, wasm, ""),
-        start,
-    )
+    compile_and_cache(engine, wasm, cache_dir, name, start)
 }
 
 /// The module cached in `dir` under `name`, if there is one that loads.
@@ -153,18 +148,29 @@ fn compile(engine: &Engine, wasm: &[u8]) -> Result<Module, WasmError> {
     Module::new(engine, wasm).map_err(|e| WasmError::Compile(e.to_string()))
 }
 
-/// The cache file of `wasm` (`kind` empty) or of something made from it (`kind` names what,
-/// with its format's version).
-pub(crate) fn cache_file_name(engine: &Engine, wasm: &[u8], kind: &str) -> String {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut h);
-    let digest = Sha256::digest(wasm);
-    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "quickjs-{hex}{kind}-wasmtime{}-{:016x}.cwasm",
-        wasmtime_version(),
-        h.finish()
-    )
+/// The names of the cache files made from one guest under one engine configuration (the
+/// guest's SHA-256 taken once).
+pub(crate) struct CacheNames {
+    hex: String,
+    tail: String,
+}
+
+impl CacheNames {
+    pub(crate) fn new(engine: &Engine, wasm: &[u8]) -> CacheNames {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        let digest = Sha256::digest(wasm);
+        CacheNames {
+            hex: digest[..12].iter().map(|b| format!("{b:02x}")).collect(),
+            tail: format!("-wasmtime{}-{:016x}.cwasm", wasmtime_version(), h.finish()),
+        }
+    }
+
+    /// The file of the compiled guest (`kind` empty) or of something made from it (`kind`
+    /// names what, with its format's version).
+    pub(crate) fn file(&self, kind: &str) -> String {
+        format!("quickjs-{}{kind}{}", self.hex, self.tail)
+    }
 }
 
 fn wasmtime_version() -> &'static str {
@@ -298,18 +304,25 @@ mod tests {
         f.set_modified(SystemTime::now() - age).expect("set mtime");
     }
 
-    #[test]
-    fn prune_removes_only_its_own_long_unused_files() {
-        let dir = std::env::temp_dir().join(format!("gearbox-wasm-prune-{}", std::process::id()));
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    /// An empty directory of this test's own.
+    fn fresh_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gearbox-wasm-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("mkdir");
-        let day = Duration::from_secs(24 * 3600);
-        file(&dir, "quickjs-old-wasmtime48.cwasm", 30 * day);
-        file(&dir, "quickjs-recent-wasmtime48.cwasm", 3 * day);
-        file(&dir, ".tmp-1-2", 2 * day);
+        dir
+    }
+
+    #[test]
+    fn prune_removes_only_its_own_long_unused_files() {
+        let dir = fresh_dir("prune");
+        file(&dir, "quickjs-old-wasmtime48.cwasm", 30 * DAY);
+        file(&dir, "quickjs-recent-wasmtime48.cwasm", 3 * DAY);
+        file(&dir, ".tmp-1-2", 2 * DAY);
         file(&dir, ".tmp-3-4", Duration::from_secs(60));
-        file(&dir, "notes.txt", 300 * day);
-        file(&dir, "other-old.cwasm", 300 * day);
+        file(&dir, "notes.txt", 300 * DAY);
+        file(&dir, "other-old.cwasm", 300 * DAY);
         prune(&dir, SystemTime::now());
         let mut left: Vec<String> = std::fs::read_dir(&dir)
             .expect("read")
@@ -330,11 +343,8 @@ mod tests {
 
     #[test]
     fn a_loaded_file_counts_as_used() {
-        let dir = std::env::temp_dir().join(format!("gearbox-wasm-mark-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        let day = Duration::from_secs(24 * 3600);
-        file(&dir, "quickjs-a.cwasm", 30 * day);
+        let dir = fresh_dir("mark");
+        file(&dir, "quickjs-a.cwasm", 30 * DAY);
         mark_used(&dir.join("quickjs-a.cwasm"));
         prune(&dir, SystemTime::now());
         assert!(dir.join("quickjs-a.cwasm").is_file());

@@ -192,12 +192,13 @@ fn prepare(
     wasm: &[u8],
     cache_dir: Option<&Path>,
 ) -> Result<(Module, ModuleSource, Result<(), String>), WasmError> {
-    let name = module::cache_file_name(engine, wasm, &format!("-snapshot{}", snapshot::FORMAT));
+    let names = module::CacheNames::new(engine, wasm);
+    let name = names.file(&format!("-snapshot{}", snapshot::FORMAT));
     if let Some((m, source)) = cache_dir.and_then(|dir| module::cached(engine, dir, &name)) {
         return Ok((m, source, Ok(())));
     }
     let start = Instant::now();
-    let (original, source) = module::load(engine, wasm, cache_dir)?;
+    let (original, source) = module::load(engine, wasm, cache_dir, &names.file(""))?;
     let taken = snapshot::check(wasm).and_then(|()| {
         let pre = instance_pre(engine, &original).map_err(|e| e.to_string())?;
         let memory = on_own_thread(|| take_snapshot(engine, &pre))?;

@@ -70,17 +70,26 @@ pub extern "C" fn gearbox_snapshot() {
 }
 
 fn warm_up() -> Result<Warm, String> {
-    let rt = Runtime::new().map_err(|e| format!("creating the runtime: {e}"))?;
-    let ctx = Context::full(&rt).map_err(|e| format!("creating the context: {e}"))?;
+    let (rt, ctx) = new_engine()?;
     let factory = ctx.with(|ctx| -> Result<_, String> {
-        let m = Module::declare(ctx.clone(), "gearbox:prelude", prelude_module_source());
-        let f: Function = m
-            .and_then(|m| m.eval())
-            .and_then(|(m, _)| m.get("default"))
-            .map_err(|e| format!("prelude: {e}"))?;
+        let f = prelude_from_source(&ctx).map_err(|e| format!("prelude: {e}"))?;
         Ok(Persistent::save(&ctx, f))
     })?;
     Ok(Warm { rt, ctx, factory })
+}
+
+/// A QuickJS runtime and a context with every intrinsic.
+fn new_engine() -> Result<(Runtime, Context), String> {
+    let rt = Runtime::new().map_err(|e| format!("creating the runtime: {e}"))?;
+    let ctx = Context::full(&rt).map_err(|e| format!("creating the context: {e}"))?;
+    Ok((rt, ctx))
+}
+
+/// prelude.js parsed and evaluated: its default export, the factory.
+fn prelude_from_source<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Function<'js>> {
+    Module::declare(ctx.clone(), "gearbox:prelude", prelude_module_source())
+        .and_then(|m| m.eval())
+        .and_then(|(m, _)| m.get("default"))
 }
 
 /// Exit status after an uncaught exception or an unhandled rejection.
@@ -146,8 +155,7 @@ fn prelude_module_source() -> String {
 /// costs far less than parsing the source again in every run.
 fn emit_prelude() -> i32 {
     let result = (|| -> Result<Vec<u8>, String> {
-        let rt = Runtime::new().map_err(|e| e.to_string())?;
-        let ctx = Context::full(&rt).map_err(|e| e.to_string())?;
+        let (_rt, ctx) = new_engine()?;
         ctx.with(|ctx| {
             let m = Module::declare(ctx.clone(), "gearbox:prelude", prelude_module_source())
                 .map_err(|e| e.to_string())?;
@@ -255,8 +263,7 @@ fn run(args: &Args, code: String) -> Result<i32, String> {
     let (rt, ctx, factory) = match WARM.with(|c| c.borrow_mut().take()) {
         Some(w) => (w.rt, w.ctx, Some(w.factory)),
         None => {
-            let rt = Runtime::new().map_err(|e| format!("creating the runtime: {e}"))?;
-            let ctx = Context::full(&rt).map_err(|e| format!("creating the context: {e}"))?;
+            let (rt, ctx) = new_engine()?;
             (rt, ctx, None)
         }
     };
@@ -460,12 +467,7 @@ fn install_prelude<'js>(
                 .and_then(|(m, _)| m.get("default"))
                 .map_err(|e| format!("prelude bytecode: {e}"))?
         }
-        (None, None) => {
-            let m = Module::declare(ctx.clone(), "gearbox:prelude", prelude_module_source());
-            m.and_then(|m| m.eval())
-                .and_then(|(m, _)| m.get("default"))
-                .map_err(|e| format!("prelude: {e}"))?
-        }
+        (None, None) => prelude_from_source(ctx).map_err(|e| format!("prelude: {e}"))?,
     };
     let write = Func::from(|fd: i32, s: rquickjs::String<'_>| {
         if let Ok(s) = s.to_string() {
