@@ -25,7 +25,7 @@ use super::message::Msg;
 use super::program;
 
 use crate::fork_native::config::gb_config;
-use crate::fork_native::serve::{Handed, gb_serve};
+use crate::fork_native::serve::{Handed, gb_serve_exec};
 use crate::step::{AtStep, Step, StepError};
 use crate::wire::{FORK_SERVER_FD, read_handover};
 
@@ -80,7 +80,7 @@ pub(super) fn serve(limits: &Limits, nice: i32) -> std::io::Error {
     }
     let mut handed = Handed { chan: -1 };
     // SAFETY: a valid config and out pointer; this process has one thread.
-    match unsafe { gb_serve(config, &mut handed) } {
+    match unsafe { gb_serve_exec(config, &mut handed) } {
         0 => program(handed.chan, limits),
         1 => {
             // SAFETY: the control socket closed: the server is done with this fork server.

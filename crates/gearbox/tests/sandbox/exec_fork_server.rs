@@ -130,6 +130,7 @@ async fn bash_forked_program_holds_no_privilege_and_sees_no_other_process() {
         sh(
             r#"grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|CapInh|NoNewPrivs|Seccomp):' /proc/self/status
 echo "pids $(ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\n' ' ')"
+echo "third $(cat /proc/3/comm 2>/dev/null)"
 cat /proc/1/environ > /dev/null 2>&1 && echo "INIT ENVIRON" || echo "init environ refused"
 tr '\0' '\n' < /proc/$$/environ | grep -E 'CARGO|RUST' && echo LEAK
 unshare -U true 2>/dev/null && echo UNSHARED
@@ -140,8 +141,10 @@ echo done
     .await;
     assert_restricted(&stdout);
     assert_absent(&stdout, &["INIT ENVIRON", "LEAK", "UNSHARED"]);
-    // Init (1), bash (2), and the pipeline's processes: nothing of the fork server.
+    // Init (1), bash (2), and the pipeline's processes: nothing of the fork server, and no
+    // keeper (one would keep the fork server's memory image, which bash's exec dropped).
     assert!(stdout.contains("pids 1 2 "), "{stdout}");
+    assert!(!stdout.contains("gb-keeper"), "{stdout}");
     assert!(stdout.contains("init environ refused"), "{stdout}");
 }
 

@@ -371,8 +371,65 @@ for p in pids:
 "#;
     let stdout = forked_ok(&engine, run("python", code)).await;
     assert_absent(&stdout, &["MEM"]);
-    // pid 1 (the run's init) and the program: nothing of the fork server or other runs.
-    assert!(stdout.contains("pids [1, 2] 2 1"), "{}", stdout);
+    // pid 1 (the run's init), the program and its keeper: nothing of the fork server or
+    // other runs.
+    assert!(stdout.contains("pids [1, 2, 3] 2 1"), "{}", stdout);
+}
+
+/// The program's keeper (`launchers/fork/serve.rs`: it shares the program's memory so that
+/// the program's exit does not wait for its teardown) is held by everything the program is
+/// held by, keeps no descriptor, takes no signal, is not the program's to wait for, and
+/// killing it harms nothing.
+#[tokio::test]
+async fn forked_python_keeper_holds_nothing_the_program_lacks() {
+    let Some(engine) = python_engine(1) else {
+        return;
+    };
+    let code = r#"import os, signal
+def status(pid):
+    return dict(l.split(':', 1) for l in open(f'/proc/{pid}/status').read().splitlines())
+me, keeper = status('self'), status(3)
+print('name', keeper['Name'].strip(), 'parent', keeper['PPid'].strip())
+for key in ['Seccomp', 'Seccomp_filters', 'NoNewPrivs', 'CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'Cpus_allowed_list']:
+    print(key, 'same' if me[key] == keeper[key] else f'DIFFERS {me[key]} {keeper[key]}')
+print('caps', keeper['CapEff'].strip(), keeper['CapBnd'].strip())
+blocked = int(keeper['SigBlk'], 16)
+print('blocked all' if blocked | (1 << 8) | (1 << 18) == (1 << 64) - 1 else f'SIGNALS {blocked:x}')
+print('fds', os.listdir('/proc/3/fd'))
+print('mounts', 'same' if open('/proc/3/mountinfo').read() == open('/proc/self/mountinfo').read() else 'DIFFER')
+print('cgroup', 'same' if open('/proc/3/cgroup').read() == open('/proc/self/cgroup').read() else 'DIFFER')
+try:
+    os.wait(); print('WAITED')
+except ChildProcessError:
+    print('nothing to wait for')
+os.kill(3, signal.SIGKILL)
+print('still here')
+"#;
+    let stdout = forked_ok(&engine, run("python", code)).await;
+    assert!(stdout.contains("name gb-keeper parent 2\n"), "{stdout}");
+    assert_absent(&stdout, &["DIFFER", "SIGNALS", "WAITED"]);
+    for line in [
+        "Seccomp same",
+        "Seccomp_filters same",
+        "NoNewPrivs same",
+        "caps 0000000000000000 0000000000000000",
+        "blocked all",
+        "fds []",
+        "nothing to wait for",
+        "still here",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    // The next run of the same fork server finds its own keeper, the last one gone.
+    let stdout = forked_ok(
+        &engine,
+        run(
+            "python",
+            "import os\nprint(sorted(os.listdir('/proc/3/fd')), open('/proc/3/comm').read())",
+        ),
+    )
+    .await;
+    assert_eq!(stdout, "[] gb-keeper\n\n");
 }
 
 #[tokio::test]
@@ -442,7 +499,8 @@ try:
 except OSError:
     print('no abstract')
 print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
-for pid in range(3, 400):
+# 3 is its own keeper.
+for pid in range(4, 400):
     try:
         os.kill(pid, signal.SIGKILL); print('KILLED', pid)
     except OSError:
@@ -457,7 +515,7 @@ for pid in range(3, 400):
     assert_eq!(a.stdout, "holding\nalive\n", "{a:?}");
     assert_eq!(b.status, Status::Ok, "{b:?}");
     assert_absent(&b.stdout, &["READ", "CONNECTED", "ABSTRACT", "KILLED"]);
-    assert!(b.stdout.contains("pids [1, 2]"), "{}", b.stdout);
+    assert!(b.stdout.contains("pids [1, 2, 3]"), "{}", b.stdout);
 }
 
 // Limits: memory, processes, disk, CPU time, wall clock, output.
@@ -1096,10 +1154,17 @@ async fn node_forked_program_sees_no_process_but_its_own() {
     let Some(engine) = node_engine(1) else {
         return;
     };
-    let code = r#"console.log('pids', require('fs').readdirSync('/proc').filter((p) => /^\d+$/.test(p)).join(','));
+    let code = r#"const fs = require('fs');
+console.log('pids', fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p)).join(','));
+console.log('keeper', fs.readFileSync('/proc/3/comm', 'utf8').trim(), fs.readdirSync('/proc/3/fd').length);
 "#;
     let stdout = forked_ok(&engine, js(code)).await;
-    assert!(stdout.contains("pids 1,2\n"), "{}", stdout);
+    // Init, the program and its keeper (which keeps no descriptor).
+    assert!(
+        stdout.contains("pids 1,2,3\nkeeper gb-keeper 0\n"),
+        "{}",
+        stdout
+    );
 }
 
 #[tokio::test]

@@ -2,8 +2,9 @@
 //! server after `gb_config`, and by the Node one through `napi.rs`), then, in each run, pid 1
 //! building the run's namespaces' contents from the shared policy and forking the program.
 
-use std::ffi::{c_char, c_int, c_long, c_ulong};
+use std::ffi::{c_char, c_int, c_long, c_ulong, c_void};
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::config::Config;
 use super::entropy::renew_openssl;
@@ -36,6 +37,24 @@ pub(crate) fn set_name(name: *const c_char) {
 /// has one thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gb_serve(config: *const Config, out: *mut Handed) -> c_int {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { serve(config, out, true) }
+}
+
+/// [`gb_serve`] for the exec fork server (`jail/exec_zygote.rs`): its programs get no
+/// keeper ([`start_keeper`]), since one would keep the fork server's own memory image, which
+/// the program's `execve` drops, where the program could read it.
+///
+/// # Safety
+/// As [`gb_serve`].
+#[allow(dead_code, reason = "the gearbox binary's, not the shared object's")]
+pub(crate) unsafe fn gb_serve_exec(config: *const Config, out: *mut Handed) -> c_int {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { serve(config, out, false) }
+}
+
+/// The loop of [`gb_serve`]; `keeper`: whether each program starts its keeper.
+unsafe fn serve(config: *const Config, out: *mut Handed, keeper: bool) -> c_int {
     // SAFETY: the caller passes a valid config.
     let config = unsafe { &*config };
     // The part of the seccomp policy that neither this loop nor a run's init calls: installed
@@ -93,7 +112,7 @@ pub unsafe extern "C" fn gb_serve(config: *const Config, out: *mut Handed) -> c_
         };
         if pid == 0 {
             // SAFETY: `out` is valid; init returns only in the program.
-            unsafe { *out = init(config, [fds[0], fds[1], fds[2], fds[3]], ids) };
+            unsafe { *out = init(config, [fds[0], fds[1], fds[2], fds[3]], ids, keeper) };
             return 0;
         }
         if pid < 0 {
@@ -153,7 +172,7 @@ fn close_all(fds: &[c_int]) {
 }
 
 /// Pid 1 of a run. Returns only in the program.
-fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32)) -> Handed {
+fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32), keeper: bool) -> Handed {
     let [chan, stdin, stdout, stderr] = fds;
     set_name(c"gb-init".as_ptr());
     // SAFETY: plain fd and signal calls on this process.
@@ -193,7 +212,7 @@ fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32)) -> Handed {
     // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
     let child = unsafe { fork() };
     if child == 0 {
-        return program(config, chan, stdin, stdout, stderr);
+        return program(config, [chan, stdin, stdout, stderr], keeper);
     }
     if child < 0 {
         send_failed(chan, &Fail::new("fork program", errno()));
@@ -451,7 +470,8 @@ fn build(config: &Config) -> Result<(), Fail> {
 
 /// The program: restricted exactly as the cold path restricts a program before exec
 /// (`jail/program.rs`), then back to Python. A failed step is reported and ends it.
-fn program(config: &Config, chan: c_int, stdin: c_int, stdout: c_int, stderr: c_int) -> Handed {
+/// `keeper`: start the program's keeper ([`start_keeper`]) once it is restricted.
+fn program(config: &Config, [chan, stdin, stdout, stderr]: [c_int; 4], keeper: bool) -> Handed {
     set_name(config.program_name);
     if let Err(fail) = renew_openssl() {
         send_failed(chan, &fail);
@@ -468,6 +488,9 @@ fn program(config: &Config, chan: c_int, stdin: c_int, stdout: c_int, stderr: c_
                 config.inherited
             );
             send_buf(chan, &buf);
+            if keeper {
+                start_keeper();
+            }
             Handed { chan }
         }
         Err(fail) => {
@@ -475,5 +498,102 @@ fn program(config: &Config, chan: c_int, stdin: c_int, stdout: c_int, stderr: c_
             // SAFETY: ends this process.
             unsafe { _exit(127) }
         }
+    }
+}
+
+/// Bytes of the keeper's stack: it calls a handful of system calls and nothing else.
+const KEEPER_STACK: usize = 16 * 1024;
+
+#[repr(C, align(16))]
+struct KeeperStack([u8; KEEPER_STACK]);
+
+/// The keeper's stack, in this process's memory (each program's copy is its own).
+static mut KEEPER_STACK_MEMORY: KeeperStack = KeeperStack([0; KEEPER_STACK]);
+/// Set by the keeper once it holds no file descriptor and blocks every signal.
+static KEEPER_READY: AtomicU32 = AtomicU32::new(0);
+
+/// Start the program's keeper: a process that shares the program's memory (`CLONE_VM`),
+/// holds nothing else and waits for the run's end.
+///
+/// Why: a forked interpreter's address space is large, and the kernel tears it down when its
+/// last user exits, before the parent hears of the exit (`exit_mm` comes before
+/// `exit_notify`). That teardown was most of the time between a warm program's exit and
+/// init's report (0.7 ms for Python, 1.2 ms for Node, `bench/warm_phases.py`). With the
+/// keeper still using the memory, the program's exit only drops a reference; init reports
+/// the wait status at once and then kills every process of the run, the keeper with them,
+/// whose exit pays for the teardown off the answer's path.
+///
+/// Started after the program's whole restriction, so the keeper is held by everything the
+/// program is (the same seccomp filters, Landlock domain, rlimits, no capabilities, no new
+/// privileges, the run's cgroup and namespaces): sharing memory with the run's own code, it
+/// can do no more than a thread of the program. It closes every descriptor it was given (it
+/// has its own table, so the program's pipes close when the program exits) before the
+/// program goes on, blocks every signal but `SIGKILL` and `SIGSTOP`, and sends no signal to
+/// the program when it ends (the program's `wait` does not see it). A program that kills it
+/// only loses the speed-up. Where it cannot be started (the pids limit), the run goes on
+/// without it.
+fn start_keeper() {
+    // SAFETY: the stack's end, within the static; the keeper is the only user of that memory.
+    let top = unsafe {
+        (&raw mut KEEPER_STACK_MEMORY)
+            .cast::<u8>()
+            .add(KEEPER_STACK)
+    };
+    // SAFETY: glibc's clone runs `keep` on its own stack, in this process's memory; exit
+    // signal 0 (a "clone" child: the program's plain waits ignore it).
+    let pid = unsafe { clone(keep, top.cast(), CLONE_VM, std::ptr::null_mut()) };
+    if pid <= 0 {
+        return;
+    }
+    while KEEPER_READY.load(Ordering::Acquire) == 0 {
+        // SAFETY: waits on the flag's address while it is 0; no memory is written.
+        unsafe {
+            syscall(
+                SYS_FUTEX,
+                KEEPER_READY.as_ptr(),
+                FUTEX_WAIT_PRIVATE as c_long,
+                0 as c_long,
+                0usize,
+            )
+        };
+    }
+}
+
+/// The keeper's whole life (see [`start_keeper`]). It shares the program's memory, its
+/// thread-local storage included, so it calls libc's `syscall` and nothing that keeps state
+/// (`syscall` writes `errno` only when a call fails, and none of these can but by a bug).
+extern "C" fn keep(_: *mut c_void) -> c_int {
+    let all: u64 = !0;
+    // SAFETY: system calls on this process's own signal mask and descriptor table, with a
+    // mask on this stack and a static name.
+    unsafe {
+        syscall(
+            SYS_RT_SIGPROCMASK,
+            SIG_SETMASK as c_long,
+            &all as *const u64,
+            0usize,
+            8usize,
+        );
+        syscall(
+            SYS_CLOSE_RANGE,
+            0 as c_long,
+            c_long::from(u32::MAX),
+            0 as c_long,
+        );
+        syscall(SYS_PRCTL, PR_SET_NAME as c_long, c"gb-keeper".as_ptr());
+    }
+    KEEPER_READY.store(1, Ordering::Release);
+    // SAFETY: wakes the program waiting on the flag.
+    unsafe {
+        syscall(
+            SYS_FUTEX,
+            KEEPER_READY.as_ptr(),
+            FUTEX_WAKE_PRIVATE as c_long,
+            1 as c_long,
+        )
+    };
+    loop {
+        // SAFETY: waits on nothing, for ever (every signal it could take is blocked).
+        unsafe { syscall(SYS_PPOLL, 0usize, 0usize, 0usize, 0usize, 0usize) };
     }
 }

@@ -53,6 +53,13 @@ unsafe extern "C" {
     pub(crate) fn eventfd(initval: c_uint, flags: c_int) -> c_int;
     pub(crate) fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
     pub(crate) fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
+    pub(crate) fn clone(
+        f: extern "C" fn(*mut c_void) -> c_int,
+        stack: *mut c_void,
+        flags: c_int,
+        arg: *mut c_void,
+        ...
+    ) -> c_int;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -63,10 +70,28 @@ pub(crate) const SYS_CAPSET: c_long = 126;
 pub(crate) const SYS_CLONE: c_long = 220;
 #[cfg(target_arch = "aarch64")]
 pub(crate) const SYS_CAPSET: c_long = 91;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const SYS_RT_SIGPROCMASK: c_long = 14;
+#[cfg(target_arch = "aarch64")]
+pub(crate) const SYS_RT_SIGPROCMASK: c_long = 135;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const SYS_FUTEX: c_long = 202;
+#[cfg(target_arch = "aarch64")]
+pub(crate) const SYS_FUTEX: c_long = 98;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const SYS_PPOLL: c_long = 271;
+#[cfg(target_arch = "aarch64")]
+pub(crate) const SYS_PPOLL: c_long = 73;
+pub(crate) const SYS_CLOSE_RANGE: c_long = 436;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const SYS_PRCTL: c_long = 157;
+#[cfg(target_arch = "aarch64")]
+pub(crate) const SYS_PRCTL: c_long = 167;
 pub(crate) const SYS_LANDLOCK_CREATE_RULESET: c_long = 444;
 pub(crate) const SYS_LANDLOCK_ADD_RULE: c_long = 445;
 pub(crate) const SYS_LANDLOCK_RESTRICT_SELF: c_long = 446;
 
+pub(crate) const CLONE_VM: c_int = 0x0000_0100;
 pub(crate) const CLONE_NEWNS: c_int = 0x0002_0000;
 pub(crate) const CLONE_NEWUSER: c_int = 0x1000_0000;
 pub(crate) const CLONE_NEWCGROUP: c_int = 0x0200_0000;
@@ -115,6 +140,9 @@ pub(crate) const PR_SET_NO_NEW_PRIVS: c_int = 38;
 pub(crate) const PR_CAP_AMBIENT: c_int = 47;
 pub(crate) const PR_CAP_AMBIENT_CLEAR_ALL: c_ulong = 4;
 pub(crate) const SECCOMP_MODE_FILTER: c_ulong = 2;
+pub(crate) const SIG_SETMASK: c_int = 2;
+pub(crate) const FUTEX_WAIT_PRIVATE: c_int = 128;
+pub(crate) const FUTEX_WAKE_PRIVATE: c_int = 129;
 
 // Landlock (linux/landlock.h): the rights of ABI 1, and those later ABIs added (the rights
 // the policy names are in `restriction.rs`); the scopes of ABI 6.
