@@ -29,7 +29,7 @@ fn allowed_strings(v: &Value, out: &mut BTreeSet<String>) {
 }
 
 /// Every profile, as the configuration's schema names them.
-fn all_profiles() -> Vec<ToolProfile> {
+pub(crate) fn all_profiles() -> Vec<ToolProfile> {
     let schema =
         serde_json::to_value(schemars::schema_for!(ToolProfile)).expect("profile schema as JSON");
     let mut names = BTreeSet::new();

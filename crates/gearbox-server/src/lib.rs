@@ -27,6 +27,7 @@ mod plan;
 mod quotas;
 mod resources;
 mod runs;
+mod schema;
 mod server;
 mod sessions;
 mod snippets;

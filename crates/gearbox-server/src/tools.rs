@@ -288,7 +288,8 @@ const STANDARD_FORMATS: &[&str] = &[
 
 /// Tool schemas in standard JSON Schema: schemars writes its own formats for Rust integer
 /// types (`uint64`, `int32`...), which strict validators (the TypeScript SDK's) warn about or
-/// refuse. They go; an unsigned integer keeps (or gets) `minimum: 0`.
+/// refuse. They go; an unsigned integer keeps (or gets) `minimum: 0`. Then each schema is
+/// compacted (`schema.rs`: documented enums as `enum`, `$ref`s inlined), meaning unchanged.
 fn standard_formats(mut tool: Tool) -> Tool {
     fn walk(v: &mut serde_json::Value) {
         match v {
@@ -315,6 +316,7 @@ fn standard_formats(mut tool: Tool) -> Tool {
     ) -> std::sync::Arc<rmcp::model::JsonObject> {
         let mut v = serde_json::Value::Object(schema.as_ref().clone());
         walk(&mut v);
+        crate::schema::compact(&mut v);
         match v {
             serde_json::Value::Object(map) => std::sync::Arc::new(map),
             _ => schema.clone(),
