@@ -39,6 +39,7 @@ from mcp.client.stdio import stdio_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cold_start import raw_first_call  # noqa: E402
+from warm_pool import distinct_address_spaces  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = "/usr/bin/python3"  # Debian's, never a pyenv shim
@@ -138,9 +139,10 @@ def descendants(pid: int) -> list[int]:
 
 
 def tree_memory(pid: int) -> tuple[float, int, str]:
-    """(MiB, process count, 'PSS' or 'RSS') of pid and every descendant."""
+    """(MiB, process count, 'PSS' or 'RSS') of pid and every descendant, each address space
+    counted once."""
     total_kb, kind, procs = 0, "PSS", descendants(pid)
-    for p in procs:
+    for p in distinct_address_spaces(procs):
         try:
             for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):

@@ -6,7 +6,7 @@
 
 Starts `gearbox serve` over stdio (default config unless --config), waits for the pool to
 settle, and sums PSS (/proc/PID/smaps_rollup; needs root to read the sandboxes' processes)
-over the server and every descendant, grouped by process kind. Three points: at rest after
+over the server and every descendant (each address space once), grouped by process kind. Three points: at rest after
 start, right after a burst of --burst `execute_code` calls per language (python, javascript,
 bash; 8 in flight, so the pool grows), and after --idle seconds without calls (the pool checks every
 idle_secs / 2, so a key shrinks between 1 and 1.5 idle_secs after its last call).
@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from warm_pool import distinct_address_spaces  # noqa: E402
+
 CODE = {"python": "print(1)", "javascript": "console.log(1)", "bash": "echo 1"}
 
 
@@ -73,10 +76,13 @@ def kind(pid, root):
 
 def table(title, root):
     rows = {}
-    for p in tree(root):
+    procs = tree(root)
+    # A program and its keeper share one address space: counted once.
+    distinct = set(distinct_address_spaces(procs))
+    for p in procs:
         k = kind(p, root)
         n, kib = rows.get(k, (0, 0))
-        rows[k] = (n + 1, kib + pss_kib(p))
+        rows[k] = (n + 1, kib + (pss_kib(p) if p in distinct else 0))
     total = sum(v[1] for v in rows.values())
     print(f"\n{title}")
     print(f"| {'process kind':<24} | {'count':>5} | {'PSS MiB':>8} |")

@@ -133,6 +133,24 @@ class Lines:
 GAP_S = 0.0
 
 
+def distinct_address_spaces(pids):
+    """`pids` less each process that shares its memory with one kept before it (kcmp
+    KCMP_VM; needs root for the sandboxes' processes). A fork server's program and its keeper
+    share one address space, and each reports that space's PSS in full: summed, the memory
+    would count twice."""
+    import ctypes
+    import platform
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_kcmp = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
+    kept = []
+    for p in pids:
+        if sys_kcmp is None or not any(
+                libc.syscall(sys_kcmp, p, q, 1, 0, 0) == 0 for q in kept):
+            kept.append(p)
+    return kept
+
+
 def busy_ms():
     """Busy CPU of the whole machine so far (user, nice, system, irq, softirq; not idle,
     iowait, or time the hypervisor gave to other guests), ms."""

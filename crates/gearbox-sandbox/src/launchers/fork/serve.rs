@@ -509,8 +509,12 @@ struct KeeperStack([u8; KEEPER_STACK]);
 
 /// The keeper's stack, in this process's memory (each program's copy is its own).
 static mut KEEPER_STACK_MEMORY: KeeperStack = KeeperStack([0; KEEPER_STACK]);
-/// Set by the keeper once it holds no file descriptor and blocks every signal.
-static KEEPER_READY: AtomicU32 = AtomicU32::new(0);
+/// The keeper's state, which the program waits on: its tid from the clone on (the kernel
+/// writes it before the keeper runs, `CLONE_PARENT_SETTID`), [`KEEPER_READY`] once it holds
+/// no descriptor and blocks every signal, or 0 if it died before (the kernel clears it and
+/// wakes the waiter, `CLONE_CHILD_CLEARTID`).
+static KEEPER: AtomicU32 = AtomicU32::new(0);
+const KEEPER_READY: u32 = u32::MAX;
 
 /// Start the program's keeper: a process that shares the program's memory (`CLONE_VM`),
 /// holds nothing else and waits for the run's end.
@@ -530,7 +534,8 @@ static KEEPER_READY: AtomicU32 = AtomicU32::new(0);
 /// has its own table, so the program's pipes close when the program exits) before the
 /// program goes on, blocks every signal but `SIGKILL` and `SIGSTOP`, and sends no signal to
 /// the program when it ends (the program's `wait` does not see it). A program that kills it
-/// only loses the speed-up. Where it cannot be started (the pids limit), the run goes on
+/// only loses the speed-up. Where it cannot be started (the pids limit), or dies before it
+/// is ready (the kernel then clears [`KEEPER`] and wakes the program), the run goes on
 /// without it.
 fn start_keeper() {
     // SAFETY: the stack's end, within the static; the keeper is the only user of that memory.
@@ -539,20 +544,37 @@ fn start_keeper() {
             .cast::<u8>()
             .add(KEEPER_STACK)
     };
-    // SAFETY: glibc's clone runs `keep` on its own stack, in this process's memory; exit
-    // signal 0 (a "clone" child: the program's plain waits ignore it).
-    let pid = unsafe { clone(keep, top.cast(), CLONE_VM, std::ptr::null_mut()) };
+    // SAFETY: glibc's clone runs `keep` on its own stack, in this process's memory, with
+    // the state word for the kernel's tid writes; exit signal 0 (a "clone" child: the
+    // program's plain waits ignore it).
+    let pid = unsafe {
+        clone(
+            keep,
+            top.cast(),
+            CLONE_VM | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID,
+            std::ptr::null_mut(),
+            KEEPER.as_ptr(),
+            std::ptr::null_mut::<c_void>(),
+            KEEPER.as_ptr(),
+        )
+    };
     if pid <= 0 {
         return;
     }
-    while KEEPER_READY.load(Ordering::Acquire) == 0 {
-        // SAFETY: waits on the flag's address while it is 0; no memory is written.
+    loop {
+        let state = KEEPER.load(Ordering::Acquire);
+        if state == KEEPER_READY || state == 0 {
+            return;
+        }
+        // SAFETY: waits on the state's address while it holds the keeper's tid; no memory
+        // is written. Not a private futex: the kernel's wake at the keeper's exit
+        // (`CLONE_CHILD_CLEARTID`) is a shared one, which a private wait would not hear.
         unsafe {
             syscall(
                 SYS_FUTEX,
-                KEEPER_READY.as_ptr(),
-                FUTEX_WAIT_PRIVATE as c_long,
-                0 as c_long,
+                KEEPER.as_ptr(),
+                FUTEX_WAIT as c_long,
+                c_long::from(state),
                 0usize,
             )
         };
@@ -582,13 +604,13 @@ extern "C" fn keep(_: *mut c_void) -> c_int {
         );
         syscall(SYS_PRCTL, PR_SET_NAME as c_long, c"gb-keeper".as_ptr());
     }
-    KEEPER_READY.store(1, Ordering::Release);
-    // SAFETY: wakes the program waiting on the flag.
+    KEEPER.store(KEEPER_READY, Ordering::Release);
+    // SAFETY: wakes the program waiting on the state.
     unsafe {
         syscall(
             SYS_FUTEX,
-            KEEPER_READY.as_ptr(),
-            FUTEX_WAKE_PRIVATE as c_long,
+            KEEPER.as_ptr(),
+            FUTEX_WAKE as c_long,
             1 as c_long,
         )
     };

@@ -92,6 +92,8 @@ pub(crate) const SYS_LANDLOCK_ADD_RULE: c_long = 445;
 pub(crate) const SYS_LANDLOCK_RESTRICT_SELF: c_long = 446;
 
 pub(crate) const CLONE_VM: c_int = 0x0000_0100;
+pub(crate) const CLONE_PARENT_SETTID: c_int = 0x0010_0000;
+pub(crate) const CLONE_CHILD_CLEARTID: c_int = 0x0020_0000;
 pub(crate) const CLONE_NEWNS: c_int = 0x0002_0000;
 pub(crate) const CLONE_NEWUSER: c_int = 0x1000_0000;
 pub(crate) const CLONE_NEWCGROUP: c_int = 0x0200_0000;
@@ -141,8 +143,8 @@ pub(crate) const PR_CAP_AMBIENT: c_int = 47;
 pub(crate) const PR_CAP_AMBIENT_CLEAR_ALL: c_ulong = 4;
 pub(crate) const SECCOMP_MODE_FILTER: c_ulong = 2;
 pub(crate) const SIG_SETMASK: c_int = 2;
-pub(crate) const FUTEX_WAIT_PRIVATE: c_int = 128;
-pub(crate) const FUTEX_WAKE_PRIVATE: c_int = 129;
+pub(crate) const FUTEX_WAIT: c_int = 0;
+pub(crate) const FUTEX_WAKE: c_int = 1;
 
 // Landlock (linux/landlock.h): the rights of ABI 1, and those later ABIs added (the rights
 // the policy names are in `restriction.rs`); the scopes of ABI 6.
