@@ -12,8 +12,10 @@
 //! own cgroup it takes a cgroup namespace, scratch tmpfs and /proc, and forks the program,
 //! which restricts itself exactly as the cold path's program does (setsid, rlimits, every
 //! capability dropped, no_new_privs, Landlock, the cold path's seccomp allow list: part
-//! inherited from the fork server, the rest its own, see `jail/seccomp.rs`) and then blocks
-//! reading its program from stdin. The loop, init and the restriction are native
+//! inherited from the fork server, the rest its own, see `jail/seccomp.rs`), starts its keeper
+//! (Python and Node: a process sharing its memory, so that its exit does not wait for the
+//! address space's teardown; `launchers/fork/serve.rs`) and then blocks reading its program
+//! from stdin. The loop, init and the restriction are native
 //! (`launchers/fork/`); only the program runs Python or JavaScript. Nothing is shared
 //! between runs but the read-only root and the fork server's pristine memory (copy-on-write).
 //!

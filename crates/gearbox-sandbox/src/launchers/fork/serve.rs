@@ -1,6 +1,8 @@
 //! The fork server's loop and each run's init: [`gb_serve`] (called by the Python fork
 //! server after `gb_config`, and by the Node one through `napi.rs`), then, in each run, pid 1
-//! building the run's namespaces' contents from the shared policy and forking the program.
+//! building the run's namespaces' contents from the shared policy and forking the program,
+//! which restricts itself and starts its keeper ([`start_keeper`]; not for the exec fork
+//! server's programs, [`gb_serve_exec`]).
 
 use std::ffi::{c_char, c_int, c_long, c_ulong, c_void};
 use std::fmt::Write as _;
