@@ -2348,11 +2348,17 @@ async fn an_idle_pool_shrinks_to_its_minimum_and_rests_at_zero() {
 
 /// The value of the warm-pool series `gearbox_pool_{name}` of `language` (no network) in `m`.
 fn pool_value(m: &str, name: &str, language: &str) -> f64 {
+    pool_value_if_any(m, name, language)
+        .unwrap_or_else(|| panic!("no gearbox_pool_{name} of {language} in\n{m}"))
+}
+
+/// The same, `None` while the language has no pool yet (languages after the first join the
+/// pool once the first has a sandbox ready, or after a bound: `engine.rs`, `STAGGER_MAX`).
+fn pool_value_if_any(m: &str, name: &str, language: &str) -> Option<f64> {
     let prefix = format!("gearbox_pool_{name}{{language=\"{language}\",network=\"false\"}} ");
     m.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix} in\n{m}"))
 }
 
 /// Issue 23: all languages together hold at most `memory_budget_mb / 8` warm sandboxes. With
@@ -2377,12 +2383,14 @@ async fn the_pool_never_holds_more_than_its_memory_budget() {
             assert!(text(&r).contains("42"), "{}", text(&r));
         }
         let m = d.metrics().await;
-        if pool_value(&m, "target", "bash") >= 3.0 {
+        // Bash's pool may not exist yet on a loaded machine: the first language's sandbox
+        // comes first.
+        if pool_value_if_any(&m, "target", "bash").is_some_and(|t| t >= 3.0) {
             break m;
         }
         assert!(
-            bursts < 10,
-            "ten bursts of eight never grew Bash's target\n{m}"
+            bursts < 20,
+            "twenty bursts of eight never grew Bash's target\n{m}"
         );
     };
     assert_eq!(pool_value(&m, "max", "bash"), 8.0, "{m}");
