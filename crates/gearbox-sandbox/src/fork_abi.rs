@@ -30,7 +30,6 @@ fn the_native_loops_kernel_constants_are_libcs() {
         SYS_FUTEX = libc::SYS_futex,
         SYS_PPOLL = libc::SYS_ppoll,
         SYS_CLOSE_RANGE = libc::SYS_close_range,
-        SYS_PRCTL = libc::SYS_prctl,
         CLONE_VM = libc::CLONE_VM,
         CLONE_PARENT_SETTID = libc::CLONE_PARENT_SETTID,
         CLONE_CHILD_CLEARTID = libc::CLONE_CHILD_CLEARTID,

@@ -89,16 +89,17 @@ fn inline(
 ) {
     match v {
         Value::Object(map) => {
-            if let Some(Value::String(reference)) = map.get("$ref") {
-                let reference = reference.clone();
-                if let Some(name) = local_def(&reference)
-                    && let Some(replacement) = expand(map, name, defs, inside, needed)
-                {
-                    *v = replacement;
-                    return;
-                }
-                if let Some(name) = local_def(&reference) {
-                    needed.push(name.to_string());
+            let local = match map.get("$ref") {
+                Some(Value::String(reference)) => local_def(reference).map(str::to_string),
+                _ => None,
+            };
+            if let Some(name) = local {
+                match expand(map, &name, defs, inside, needed) {
+                    Some(replacement) => {
+                        *v = replacement;
+                        return;
+                    }
+                    None => needed.push(name),
                 }
             }
             for value in map.values_mut() {

@@ -97,7 +97,7 @@ pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
     let mut out: Vec<(ToolKind, Tool)> = Vec::new();
     let mut push = |kind: ToolKind, tool: Tool| {
         if !out.iter().any(|(_, t)| t.name == tool.name) {
-            out.push((kind, standard_formats(tool)));
+            out.push((kind, standard_schemas(tool)));
         }
     };
     for p in profiles {
@@ -290,7 +290,7 @@ const STANDARD_FORMATS: &[&str] = &[
 /// types (`uint64`, `int32`...), which strict validators (the TypeScript SDK's) warn about or
 /// refuse. They go; an unsigned integer keeps (or gets) `minimum: 0`. Then each schema is
 /// compacted (`schema.rs`: documented enums as `enum`, `$ref`s inlined), meaning unchanged.
-fn standard_formats(mut tool: Tool) -> Tool {
+fn standard_schemas(mut tool: Tool) -> Tool {
     fn walk(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(map) => {

@@ -376,6 +376,27 @@ for p in pids:
     assert!(stdout.contains("pids [1, 2, 3] 2 1"), "{}", stdout);
 }
 
+/// What a program says of its keeper (pid 3) holds everything the program is held by, no
+/// descriptor and no signal, and that killing it left the program running: the lines the
+/// Python and Node checks below print.
+fn assert_keeper_holds_nothing(stdout: &str) {
+    assert!(stdout.contains("name gb-keeper parent 2\n"), "{stdout}");
+    assert_absent(stdout, &["DIFFER", "SIGNALS"]);
+    for line in [
+        "Seccomp same",
+        "Seccomp_filters same",
+        "NoNewPrivs same",
+        "caps 0000000000000000 0000000000000000",
+        "blocked all",
+        "fds []",
+        "mounts same",
+        "cgroup same",
+        "still here",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+}
+
 /// The program's keeper (`launchers/fork/serve.rs`: it shares the program's memory so that
 /// the program's exit does not wait for its teardown) is held by everything the program is
 /// held by, keeps no descriptor, takes no signal, is not the program's to wait for, and
@@ -406,21 +427,10 @@ os.kill(3, signal.SIGKILL)
 print('still here')
 "#;
     let stdout = forked_ok(&engine, run("python", code)).await;
-    assert!(stdout.contains("name gb-keeper parent 2\n"), "{stdout}");
-    assert_absent(&stdout, &["DIFFER", "SIGNALS", "WAITED"]);
-    for line in [
-        "Seccomp same",
-        "Seccomp_filters same",
-        "NoNewPrivs same",
-        "caps 0000000000000000 0000000000000000",
-        "blocked all",
-        "fds []",
-        "nothing to wait for",
-        "still here",
-    ] {
-        assert!(stdout.contains(line), "{line}: {stdout}");
-    }
-    // The next run of the same fork server finds its own keeper, the last one gone.
+    assert_keeper_holds_nothing(&stdout);
+    assert_absent(&stdout, &["WAITED"]);
+    assert!(stdout.contains("nothing to wait for"), "{stdout}");
+    // The next run of the same fork server has a keeper of its own, as bare.
     let stdout = forked_ok(
         &engine,
         run(
@@ -430,6 +440,33 @@ print('still here')
     )
     .await;
     assert_eq!(stdout, "[] gb-keeper\n\n");
+}
+
+/// The same for Node's fork server's programs.
+#[tokio::test]
+async fn node_forked_program_keeper_holds_nothing_the_program_lacks() {
+    let Some(engine) = node_engine(1) else {
+        return;
+    };
+    let code = r#"const fs = require('fs');
+const status = (pid) => Object.fromEntries(fs.readFileSync(`/proc/${pid}/status`, 'utf8')
+  .split('\n').filter((l) => l.includes(':')).map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 1)]));
+const me = status('self'), keeper = status(3);
+console.log('name', keeper.Name.trim(), 'parent', keeper.PPid.trim());
+for (const key of ['Seccomp', 'Seccomp_filters', 'NoNewPrivs', 'CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'Cpus_allowed_list'])
+  console.log(key, me[key] === keeper[key] ? 'same' : `DIFFERS ${me[key]} ${keeper[key]}`);
+console.log('caps', keeper.CapEff.trim(), keeper.CapBnd.trim());
+const blocked = BigInt('0x' + keeper.SigBlk.trim());
+console.log((blocked | (1n << 8n) | (1n << 18n)) === (1n << 64n) - 1n ? 'blocked all' : `SIGNALS ${blocked.toString(16)}`);
+console.log('fds', JSON.stringify(fs.readdirSync('/proc/3/fd')));
+const same = (f) => fs.readFileSync(`/proc/3/${f}`, 'utf8') === fs.readFileSync(`/proc/self/${f}`, 'utf8') ? 'same' : 'DIFFER';
+console.log('mounts', same('mountinfo'));
+console.log('cgroup', same('cgroup'));
+process.kill(3, 'SIGKILL');
+console.log('still here');
+"#;
+    let stdout = forked_ok(&engine, js(code)).await;
+    assert_keeper_holds_nothing(&stdout);
 }
 
 #[tokio::test]

@@ -584,12 +584,13 @@ fn start_keeper() {
 }
 
 /// The keeper's whole life (see [`start_keeper`]). It shares the program's memory, its
-/// thread-local storage included, so it calls libc's `syscall` and nothing that keeps state
-/// (`syscall` writes `errno` only when a call fails, and none of these can but by a bug).
+/// thread-local storage included, so it calls libc's plain system-call wrappers and nothing
+/// that keeps state (they write `errno` only when a call fails, and none of these can but by
+/// a bug).
 extern "C" fn keep(_: *mut c_void) -> c_int {
     let all: u64 = !0;
-    // SAFETY: system calls on this process's own signal mask and descriptor table, with a
-    // mask on this stack and a static name.
+    // SAFETY: system calls on this process's own signal mask (from this stack) and
+    // descriptor table.
     unsafe {
         syscall(
             SYS_RT_SIGPROCMASK,
@@ -604,8 +605,8 @@ extern "C" fn keep(_: *mut c_void) -> c_int {
             c_long::from(u32::MAX),
             0 as c_long,
         );
-        syscall(SYS_PRCTL, PR_SET_NAME as c_long, c"gb-keeper".as_ptr());
     }
+    set_name(c"gb-keeper".as_ptr());
     KEEPER.store(KEEPER_READY, Ordering::Release);
     // SAFETY: wakes the program waiting on the state.
     unsafe {

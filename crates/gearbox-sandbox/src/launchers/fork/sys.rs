@@ -62,31 +62,28 @@ unsafe extern "C" {
     ) -> c_int;
 }
 
+/// The system call numbers that differ between the two architectures.
 #[cfg(target_arch = "x86_64")]
-pub(crate) const SYS_CLONE: c_long = 56;
-#[cfg(target_arch = "x86_64")]
-pub(crate) const SYS_CAPSET: c_long = 126;
+mod numbers {
+    use std::ffi::c_long;
+    pub(crate) const SYS_CLONE: c_long = 56;
+    pub(crate) const SYS_CAPSET: c_long = 126;
+    pub(crate) const SYS_RT_SIGPROCMASK: c_long = 14;
+    pub(crate) const SYS_FUTEX: c_long = 202;
+    pub(crate) const SYS_PPOLL: c_long = 271;
+}
+/// The system call numbers that differ between the two architectures.
 #[cfg(target_arch = "aarch64")]
-pub(crate) const SYS_CLONE: c_long = 220;
-#[cfg(target_arch = "aarch64")]
-pub(crate) const SYS_CAPSET: c_long = 91;
-#[cfg(target_arch = "x86_64")]
-pub(crate) const SYS_RT_SIGPROCMASK: c_long = 14;
-#[cfg(target_arch = "aarch64")]
-pub(crate) const SYS_RT_SIGPROCMASK: c_long = 135;
-#[cfg(target_arch = "x86_64")]
-pub(crate) const SYS_FUTEX: c_long = 202;
-#[cfg(target_arch = "aarch64")]
-pub(crate) const SYS_FUTEX: c_long = 98;
-#[cfg(target_arch = "x86_64")]
-pub(crate) const SYS_PPOLL: c_long = 271;
-#[cfg(target_arch = "aarch64")]
-pub(crate) const SYS_PPOLL: c_long = 73;
+mod numbers {
+    use std::ffi::c_long;
+    pub(crate) const SYS_CLONE: c_long = 220;
+    pub(crate) const SYS_CAPSET: c_long = 91;
+    pub(crate) const SYS_RT_SIGPROCMASK: c_long = 135;
+    pub(crate) const SYS_FUTEX: c_long = 98;
+    pub(crate) const SYS_PPOLL: c_long = 73;
+}
+pub(crate) use numbers::*;
 pub(crate) const SYS_CLOSE_RANGE: c_long = 436;
-#[cfg(target_arch = "x86_64")]
-pub(crate) const SYS_PRCTL: c_long = 157;
-#[cfg(target_arch = "aarch64")]
-pub(crate) const SYS_PRCTL: c_long = 167;
 pub(crate) const SYS_LANDLOCK_CREATE_RULESET: c_long = 444;
 pub(crate) const SYS_LANDLOCK_ADD_RULE: c_long = 445;
 pub(crate) const SYS_LANDLOCK_RESTRICT_SELF: c_long = 446;
