@@ -3,7 +3,10 @@ pool and without one, rounds interleaved (issue 23: what filling the pool at sta
 made at once after launch).
 
     cargo build --release --locked -p gearbox
-    .venv/bin/python bench/cold_start.py [--gearbox PATH] [--rounds 7]
+    .venv/bin/python bench/cold_start.py [--gearbox PATH ...] [--rounds 7]
+
+Given `--gearbox` more than once, the builds alternate within each round too (an A/B of two
+builds in the same minutes), each row labelled with its build's directory.
 
 Each round launches the server through the official MCP Python SDK, initializes, makes one
 Python `print(1)` call, checks its answer and closes; then the same with a bare JSON-lines
@@ -45,11 +48,17 @@ async def first_call(gearbox: str, args: list[str]) -> tuple[float, int]:
             return ms, int(sc.get("setup_us") or 0)
 
 
-def raw_first_call(gearbox: str, args: list[str], check: bool = True) -> tuple[float, int]:
+STEPS: dict[str, list[list[float]]] = {}
+
+
+def raw_first_call(gearbox: str, args: list[str], check: bool = True,
+                   steps: list[list[float]] | None = None) -> tuple[float, int]:
     """Launch -> first result over bare JSON lines (initialize, tools/list, the call, as the
     SDK sends them); `check`: the answer must be Python's `1` (not for a server that runs
-    nothing)."""
+    nothing). `steps`: gets the ms of each step (launch -> initialize answered, tools/list,
+    the call) appended."""
     t = time.perf_counter()
+    marks = [t]
     p = subprocess.Popen([gearbox, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL)
     try:
@@ -63,12 +72,17 @@ def raw_first_call(gearbox: str, args: list[str], check: bool = True) -> tuple[f
         ask({"jsonrpc": "2.0", "id": 1, "method": "initialize",
              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                         "clientInfo": {"name": "cold-start", "version": "0"}}})
+        marks.append(time.perf_counter())
         p.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
         ask({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
+        marks.append(time.perf_counter())
         r = ask({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
                  "params": {"name": "execute_code",
                             "arguments": {"language": "python", "code": "print(1)"}}})
-        ms = (time.perf_counter() - t) * 1000
+        marks.append(time.perf_counter())
+        ms = (marks[-1] - t) * 1000
+        if steps is not None:
+            steps.append([(b - a) * 1000 for a, b in zip(marks, marks[1:])])
         sc = r["result"].get("structuredContent") or {}
         if check and sc.get("stdout") != "1\n":
             raise SystemExit(f"wrong first answer: {r}")
@@ -80,26 +94,39 @@ def raw_first_call(gearbox: str, args: list[str], check: bool = True) -> tuple[f
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gearbox", default=str(ROOT / "target/release/gearbox"))
+    ap.add_argument("--gearbox", action="append",
+                    help="the binary (repeat to compare builds); default target/release/gearbox")
     ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         nopool = Path(d) / "nopool.toml"
         nopool.write_text("pool = {}\n")
         configs = {"default pool": ["serve"], "pool = {}": ["--config", str(nopool), "serve"]}
+        builds = a.gearbox or [str(ROOT / "target/release/gearbox")]
+        label = (lambda b: f"{Path(b).parent.name}: ") if len(builds) > 1 else (lambda b: "")
         got: dict[str, list[tuple[float, int]]] = {}
         for _ in range(a.rounds):
             for name, args in configs.items():
-                got.setdefault(f"{name}, SDK client", []).append(
-                    await first_call(a.gearbox, args))
-                got.setdefault(f"{name}, JSON-lines client", []).append(
-                    raw_first_call(a.gearbox, args))
+                for b in builds:
+                    got.setdefault(f"{label(b)}{name}, SDK client", []).append(
+                        await first_call(b, args))
+                    got.setdefault(f"{label(b)}{name}, JSON-lines client", []).append(
+                        raw_first_call(b, args,
+                                       steps=STEPS.setdefault(f"{label(b)}{name}", [])))
     print("| configuration, client | median ms | min–max ms | first call's setup_us (median) |")
     print("|---|---|---|---|")
     for name, rows in got.items():
         ms = [r[0] for r in rows]
         print(f"| {name} | {statistics.median(ms):.1f} | {min(ms):.1f}–{max(ms):.1f} | "
               f"{statistics.median(r[1] for r in rows):.0f} |")
+    print()
+    print("JSON-lines client, each step (median ms):")
+    print()
+    print("| configuration | launch -> initialize answered | tools/list | the first call |")
+    print("|---|---|---|---|")
+    for name, rows in STEPS.items():
+        print(f"| {name} | " + " | ".join(
+            f"{statistics.median(r[i] for r in rows):.1f}" for i in range(3)) + " |")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,11 @@ pub struct Config {
     /// All languages together hold at most `memory_budget_mb` worth of warm sandboxes
     /// (default 64) and never more than `[concurrency]` lets run and wait. Default
     /// `{ python = 1, javascript = 1, bash = 1 }`; `{}` disables it. `gearbox run` never
-    /// uses it. Also how long a fork server may serve before a fresh one replaces it
-    /// (`fork_server_max_runs`, `fork_server_max_age_secs`).
+    /// uses it. The pool starts filling once the server's first run is over, or after
+    /// `start_delay_ms` (default 100) at a moment with no run in flight, so that a call made
+    /// right after launch does not share the cores with it. Also how long a fork server may
+    /// serve before a fresh one replaces it (`fork_server_max_runs`,
+    /// `fork_server_max_age_secs`).
     pub pool: PoolConfig,
     /// The `docker` backend: engine address, and per language the image (which must exist:
     /// gearbox never pulls), command (`{entrypoint}` replaced) and workdir. Default: the
@@ -685,6 +688,11 @@ pub struct PoolConfig {
     /// at most this divided by the estimated cost of one warm sandbox
     /// ([`WARM_SANDBOX_MB`]). Default 64.
     pub memory_budget_mb: u64,
+    /// Milliseconds after start at which the pool starts filling if no run is in flight then
+    /// (it starts at once when the server's first run is over, and at the latest
+    /// [`POOL_START_LATEST_MS`] later). Default 100; 0: at once; at most
+    /// [`POOL_MAX_START_DELAY_MS`].
+    pub start_delay_ms: u64,
     /// Warm sandboxes per language: `python = { min = 1, max = 4 }`, or `python = 2` (min 2,
     /// max [`POOL_MAX_PER_LANGUAGE`]).
     #[serde(flatten)]
@@ -695,6 +703,10 @@ pub struct PoolConfig {
 pub const POOL_MAX_PER_LANGUAGE: usize = gearbox_sandbox::MAX_PER_KEY;
 /// The longest `[pool] idle_secs` (a day); longer is surely a typo, 0 means never.
 pub const POOL_MAX_IDLE_SECS: u64 = 86_400;
+/// The longest `[pool] start_delay_ms` (a minute).
+pub const POOL_MAX_START_DELAY_MS: u64 = 60_000;
+/// How long after `start_delay_ms` a run in flight (a long one) holds the pool's start back.
+pub const POOL_START_LATEST_MS: u64 = 2_000;
 /// What one warm sandbox is estimated to cost (PSS of its processes, MiB; bench/rest_memory.py).
 pub const WARM_SANDBOX_MB: u64 = 8;
 
@@ -762,6 +774,9 @@ struct RawPoolConfig {
     idle_secs: Option<u64>,
     /// Memory the warm sandboxes of all languages may take together, in MiB. Default 64.
     memory_budget_mb: Option<u64>,
+    /// Milliseconds after start at which the pool starts filling when no run is in flight
+    /// (at once when the first run is over). Default 100; 0: at once; at most 60000.
+    start_delay_ms: Option<u64>,
     /// Warm sandboxes per language: `python = { min = 1, max = 4 }`, or `python = 2` (min 2,
     /// max 8). Default `python = 1, javascript = 1, bash = 1`.
     #[serde(flatten)]
@@ -774,7 +789,8 @@ impl From<RawPoolConfig> for PoolConfig {
         let others_only = raw.fork_server_max_runs.is_some()
             || raw.fork_server_max_age_secs.is_some()
             || raw.idle_secs.is_some()
-            || raw.memory_budget_mb.is_some();
+            || raw.memory_budget_mb.is_some()
+            || raw.start_delay_ms.is_some();
         PoolConfig {
             fork_server_max_runs: raw
                 .fork_server_max_runs
@@ -784,6 +800,7 @@ impl From<RawPoolConfig> for PoolConfig {
                 .unwrap_or(default.fork_server_max_age_secs),
             idle_secs: raw.idle_secs.unwrap_or(default.idle_secs),
             memory_budget_mb: raw.memory_budget_mb.unwrap_or(default.memory_budget_mb),
+            start_delay_ms: raw.start_delay_ms.unwrap_or(default.start_delay_ms),
             languages: if raw.languages.is_empty() && others_only {
                 default.languages
             } else {
@@ -800,6 +817,7 @@ impl Default for PoolConfig {
             fork_server_max_age_secs: 600,
             idle_secs: 60,
             memory_budget_mb: 64,
+            start_delay_ms: 100,
             languages: [("python", 1), ("javascript", 1), ("bash", 1)]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), PoolSize::from(v)))
@@ -840,7 +858,7 @@ impl PoolConfig {
     }
 
     /// Sizes that make sense: min ≤ max ≤ the per-language cap, an idle time of at most a
-    /// day, and the minima within the memory budget.
+    /// day, a start delay of at most a minute, and the minima within the memory budget.
     pub fn validate(&self) -> Result<(), String> {
         for (language, size) in &self.languages {
             if size.min > size.max {
@@ -862,6 +880,12 @@ impl PoolConfig {
                 "[pool] idle_secs ({}) is above {POOL_MAX_IDLE_SECS} (a day); give 0 to never \
                  shrink",
                 self.idle_secs
+            ));
+        }
+        if self.start_delay_ms > POOL_MAX_START_DELAY_MS {
+            return Err(format!(
+                "[pool] start_delay_ms ({}) is above {POOL_MAX_START_DELAY_MS} (a minute)",
+                self.start_delay_ms
             ));
         }
         let minima: usize = self.languages.values().map(|s| s.min).sum();
@@ -946,6 +970,18 @@ mod tests {
             assert!(err.to_string().contains("idle_secs"), "{bad}: {err}");
         }
         assert!(Config::from_toml(Path::new("x.toml"), "[pool]\npython = -1\n").is_err());
+        assert_eq!(PoolConfig::default().start_delay_ms, 100);
+        let delayed = parse("[pool]\nstart_delay_ms = 0\n");
+        assert_eq!(delayed.languages, PoolConfig::default().languages);
+        assert_eq!(delayed.start_delay_ms, 0);
+        for bad in [
+            "[pool]\nstart_delay_ms = -1\n",
+            "[pool]\nstart_delay_ms = \"1s\"\n",
+            "[pool]\nstart_delay_ms = 60001\n",
+        ] {
+            let err = Config::from_toml(Path::new("x.toml"), bad).expect_err(bad);
+            assert!(err.to_string().contains("start_delay_ms"), "{bad}: {err}");
+        }
         let elastic =
             parse("[pool]\npython = { min = 0, max = 2 }\nbash = { max = 3 }\nidle_secs = 5\n");
         assert_eq!(elastic.languages["python"], PoolSize { min: 0, max: 2 });

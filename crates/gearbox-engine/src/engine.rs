@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use gearbox_core::{
@@ -11,7 +12,7 @@ use gearbox_core::{
 use gearbox_sandbox::{LinuxSandbox, PoolStats, ProcessSandbox, WarmPool};
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::config::{Config, POOL_START_LATEST_MS};
 use gearbox_packages::{Ecosystem, Layer, LayerInfo, Package, Target};
 
 /// A run ready for its sandbox: what [`Engine::prepare`] settled.
@@ -59,6 +60,61 @@ pub struct Engine {
     packages: crate::packages::Packages,
     /// The egress proxy of granted runs; `Err` says why there is none (a bad `[network]`).
     egress: Result<gearbox_egress::Egress, String>,
+    /// Runs in flight, which the pool's start waits for.
+    runs: Arc<Runs>,
+}
+
+/// Runs in flight ([`Engine::execute`], [`Engine::execute_collecting`]), for the warm pool's
+/// start: it waits until the server's first run is over, or for a moment with none in flight
+/// once `[pool] start_delay_ms` has passed, at the latest [`POOL_START_LATEST_MS`] after it.
+#[derive(Default)]
+struct Runs {
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// A run has ended since the server started.
+    ended: std::sync::atomic::AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+/// One run in flight, counted until dropped (also when its future is cancelled).
+struct RunInFlight<'a>(&'a Runs);
+
+impl Runs {
+    fn begin(&self) -> RunInFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        RunInFlight(self)
+    }
+
+    /// Returns once the pool may start filling (see [`Runs`]); at once for a zero delay.
+    async fn quiet_start(&self, delay: std::time::Duration) {
+        if delay.is_zero() {
+            return;
+        }
+        let start = tokio::time::Instant::now();
+        let quiet_from = start + delay;
+        let latest = quiet_from + std::time::Duration::from_millis(POOL_START_LATEST_MS);
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let now = tokio::time::Instant::now();
+            if self.ended.load(Ordering::SeqCst)
+                || (now >= quiet_from && self.in_flight.load(Ordering::SeqCst) == 0)
+                || now >= latest
+            {
+                return;
+            }
+            let until = if now < quiet_from { quiet_from } else { latest };
+            let _ = tokio::time::timeout_at(until, changed).await;
+        }
+    }
+}
+
+impl Drop for RunInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.store(true, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
 }
 
 impl Engine {
@@ -97,6 +153,7 @@ impl Engine {
             languages,
             resolved: Mutex::new(HashMap::new()),
             backends,
+            runs: Arc::default(),
         };
         if tokio::runtime::Handle::try_current().is_ok() {
             engine.start_pool();
@@ -128,11 +185,14 @@ impl Engine {
             self.pool.set_idle(self.config.pool.idle());
             self.pool
                 .set_max_total(self.config.pool.max_total(&self.config.concurrency));
-            // The first language fills at once, the others once it has a sandbox ready (or
+            // The first language fills first, the others once it has a sandbox ready (or
             // after `STAGGER_MAX`): on two cores, three fork servers starting together made
             // a call that came right after launch wait for all of them (bench/cold_start.py).
+            // And the first waits for the server's first run to end, or for a quiet moment
+            // after `start_delay_ms`: a fork server starting beside a call made right after
+            // launch (which runs cold either way) slowed it by a third.
             let first = self.first_pooled_language();
-            let mut later = Vec::new();
+            let (mut now, mut later) = (Vec::new(), Vec::new());
             for (language, &size) in &self.config.pool.languages {
                 if size.max == 0 {
                     continue;
@@ -153,7 +213,7 @@ impl Engine {
                                 .keep_for_network(job.clone(), egress.runtime_root().to_path_buf());
                         }
                         if first.is_none() || Some(language) == first.as_ref() {
-                            self.pool.keep(job, size.min, size.max)
+                            now.push((job, size.min, size.max));
                         } else {
                             later.push((job, size.min, size.max));
                         }
@@ -161,18 +221,24 @@ impl Engine {
                     Err(e) => tracing::warn!(%language, error = %e, "no warm pool"),
                 }
             }
-            if later.is_empty() {
-                return;
-            }
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 // Nothing can be built outside a runtime anyway: keep them all now.
-                for (job, min, max) in later {
+                for (job, min, max) in now.into_iter().chain(later) {
                     self.pool.keep(job, min, max);
                 }
                 return;
             };
             let pool = Arc::clone(&self.pool);
+            let runs = Arc::clone(&self.runs);
+            let delay = std::time::Duration::from_millis(self.config.pool.start_delay_ms);
             rt.spawn(async move {
+                runs.quiet_start(delay).await;
+                for (job, min, max) in now {
+                    pool.keep(job, min, max);
+                }
+                if later.is_empty() {
+                    return;
+                }
                 let until = tokio::time::Instant::now() + STAGGER_MAX;
                 while tokio::time::Instant::now() < until
                     && !pool
@@ -415,6 +481,7 @@ impl Engine {
     /// Run a request to completion. Every failure is an outcome: refusals are `denied`,
     /// a sandbox that could not start is `error` with the reason.
     pub async fn execute(&self, mut req: ExecRequest, backend: Option<BackendKind>) -> Outcome {
+        let _in_flight = self.runs.begin();
         let run = match self.prepare(&mut req, backend).await {
             Ok(run) => run,
             Err(o) => return o,
@@ -446,6 +513,7 @@ impl Engine {
         workspace: Vec<JobFile>,
         limits: CollectLimits,
     ) -> (Outcome, Option<Collected>) {
+        let _in_flight = self.runs.begin();
         let PreparedRun {
             sandbox,
             kind,
@@ -581,5 +649,67 @@ impl Engine {
             .store()
             .map(|s| s.layers(eco))
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    /// When [`Runs::quiet_start`] returns, in (paused, so exact) time since it was called.
+    async fn starts_after(runs: &Arc<Runs>, delay_ms: u64) -> tokio::task::JoinHandle<Duration> {
+        let runs = Arc::clone(runs);
+        let t = Instant::now();
+        let task = tokio::spawn(async move {
+            runs.quiet_start(Duration::from_millis(delay_ms)).await;
+            t.elapsed()
+        });
+        tokio::task::yield_now().await;
+        task
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pool_starts_after_the_first_run_or_at_a_quiet_moment() {
+        let ms = Duration::from_millis;
+        // No delay: at once.
+        let runs = Arc::new(Runs::default());
+        assert_eq!(
+            starts_after(&runs, 0)
+                .await
+                .await
+                .expect("the waiting task"),
+            ms(0)
+        );
+        // No run: at the delay.
+        assert_eq!(
+            starts_after(&runs, 100)
+                .await
+                .await
+                .expect("the waiting task"),
+            ms(100)
+        );
+        // The first run over before the delay: then.
+        let task = starts_after(&runs, 100).await;
+        let run = runs.begin();
+        tokio::time::sleep(ms(30)).await;
+        drop(run);
+        assert_eq!(task.await.expect("the waiting task"), ms(30));
+        // A run in flight at the delay holds it back until it is over.
+        let runs = Arc::new(Runs::default());
+        let task = starts_after(&runs, 100).await;
+        let run = runs.begin();
+        tokio::time::sleep(ms(250)).await;
+        drop(run);
+        assert_eq!(task.await.expect("the waiting task"), ms(250));
+        // ... but a run that lasts does so for POOL_START_LATEST_MS at most.
+        let runs = Arc::new(Runs::default());
+        let task = starts_after(&runs, 100).await;
+        let _live = runs.begin();
+        assert_eq!(
+            task.await.expect("the waiting task"),
+            ms(100 + POOL_START_LATEST_MS)
+        );
     }
 }

@@ -2238,6 +2238,59 @@ async fn metrics_until_all(d: &Daemon, needles: &[&str]) -> String {
     }
 }
 
+/// Issue 23, cold start: the pool starts filling once the server's first run is over (or at a
+/// quiet moment `start_delay_ms` after start), not beside a call made right after launch.
+/// With a delay of a minute, half a second after start nothing of the pool exists: no series,
+/// no Python process below the server. One Bash call (no pool of its own) later, Python's warm
+/// sandbox is built. (The waits bound waiting, not speed.)
+#[tokio::test]
+async fn the_pool_starts_filling_once_the_first_run_is_over() {
+    let d = Daemon::start(Opts {
+        config: "[pool]\npython = 1\nstart_delay_ms = 60000\n",
+        ..Opts::default()
+    })
+    .await;
+    let pid = d.child.id().expect("pid");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let m = d.metrics().await;
+    assert_eq!(pool_value_if_any(&m, "ready", "python"), None, "{m}");
+    assert_eq!(pool_value_if_any(&m, "building", "python"), None, "{m}");
+    let python: Vec<_> = descendants(pid)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("python"))
+        .collect();
+    assert!(python.is_empty(), "built before any run: {python:?}");
+
+    let client = d.client(Some(ALICE)).await;
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"language": "bash", "code": "echo $((6*7))"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    assert!(text(&r).contains("42"), "{}", text(&r));
+    metrics_until(
+        &d,
+        "gearbox_pool_ready{language=\"python\",network=\"false\"} 1",
+    )
+    .await;
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"language": "python", "code": "print(6*7)"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    assert!(text(&r).contains("42"), "{}", text(&r));
+    metrics_until(
+        &d,
+        "gearbox_pool_hits_total{language=\"python\",network=\"false\"} 1",
+    )
+    .await;
+    client.cancel().await.expect("close");
+}
+
 /// Issue 23, light at rest. `[pool] python = { min = 0, max = 2 }, bash = 1, idle_secs = 2`:
 /// Python keeps nothing until called; after a call it builds a warm sandbox, and once idle it
 /// drops it, stops its fork server and leaves no Python process below the server; a call after
