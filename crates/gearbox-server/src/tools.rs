@@ -236,8 +236,9 @@ fn list_packages_tool() -> Tool {
     )
 }
 
-/// Input schemas without `"type": [T, "null"]`: optional arguments are simply absent, and a
-/// single `type` maps onto every client's schema dialect (Gemini's OpenAPI subset included).
+/// Input schemas without `"type": [T, "null"]` (nor `null` in an `enum`): optional arguments
+/// are simply absent, and a single `type` maps onto every client's schema dialect (Gemini's
+/// OpenAPI subset included).
 fn portable(mut tool: Tool) -> Tool {
     fn walk(v: &mut serde_json::Value) {
         match v {
@@ -248,6 +249,9 @@ fn portable(mut tool: Tool) -> Tool {
                     && let Some(single) = types.iter().find(|t| *t != "null").cloned()
                 {
                     map.insert("type".into(), single);
+                    if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
+                        values.retain(|v| !v.is_null());
+                    }
                 }
                 map.values_mut().for_each(walk);
             }
@@ -256,6 +260,8 @@ fn portable(mut tool: Tool) -> Tool {
         }
     }
     let mut schema = serde_json::Value::Object(tool.input_schema.as_ref().clone());
+    // Compacted first, so that an optional argument of a named type is a `[T, "null"]` here too.
+    crate::schema::compact(&mut schema);
     walk(&mut schema);
     if let serde_json::Value::Object(map) = schema {
         tool.input_schema = std::sync::Arc::new(map);
