@@ -341,6 +341,33 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A start that loads a cached module marks its file used, so that the next prune keeps
+    /// it however old it was.
+    #[test]
+    fn loading_a_cached_module_marks_it_used() {
+        let dir = fresh_dir("cached");
+        let engine = engine().expect("engine");
+        let name = "quickjs-empty-test.cwasm";
+        compile_and_cache(
+            &engine,
+            b"\0asm\x01\0\0\0",
+            Some(&dir),
+            name,
+            Instant::now(),
+        )
+        .expect("compile");
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join(name))
+            .and_then(|f| f.set_modified(SystemTime::now() - 30 * DAY))
+            .expect("age the file");
+        let (_, source) = cached(&engine, &dir, name).expect("the cached module loads");
+        assert!(matches!(source, ModuleSource::Cache { .. }), "{source:?}");
+        prune(&dir, SystemTime::now());
+        assert!(dir.join(name).is_file(), "a loaded file was pruned");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_loaded_file_counts_as_used() {
         let dir = fresh_dir("mark");

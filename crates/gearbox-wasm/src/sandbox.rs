@@ -54,15 +54,23 @@ pub struct WasmSandbox {
 struct Inner {
     engine: Engine,
     pre: InstancePre<RunState>,
-    /// prelude.js compiled by the guest itself (hex), passed to every run when there is no
-    /// snapshot; `None` with a snapshot or if that failed (runs then parse the prelude, ~0.8 ms
-    /// slower).
-    prelude: Option<String>,
-    /// `Ok` when runs start from the snapshot (`snapshot.rs`); why not otherwise.
-    snapshot: Result<(), String>,
+    start: Start,
     source: ModuleSource,
     ticker: Ticker,
     slots: Slots,
+}
+
+/// How a run finds QuickJS.
+enum Start {
+    /// Set up, in the snapshot's memory (`snapshot.rs`).
+    Snapshot,
+    /// Not set up: no snapshot could be made (`why`), so every run sets QuickJS up. `prelude`:
+    /// prelude.js compiled by the guest itself (hex), passed to every run; `None` if that
+    /// failed too (runs then parse the prelude, ~0.8 ms slower).
+    Fresh {
+        why: String,
+        prelude: Option<String>,
+    },
 }
 
 /// What one store owns.
@@ -135,11 +143,11 @@ impl WasmSandbox {
         let (module, source, snapshot) = prepare(&engine, wasm, config.cache_dir.as_deref())?;
         let pre = instance_pre(&engine, &module)?;
         let ticker = Ticker::start(engine.clone()).map_err(WasmError::Ticker)?;
-        let prelude = match &snapshot {
-            Ok(()) => None,
+        let start = match snapshot {
+            Ok(()) => Start::Snapshot,
             Err(why) => {
                 tracing::warn!("the wasm guest runs without a snapshot: {why}");
-                match on_own_thread(|| emit_prelude(&engine, &pre)) {
+                let prelude = match on_own_thread(|| emit_prelude(&engine, &pre)) {
                     Ok(hex) => Some(hex),
                     Err(e) => {
                         tracing::warn!(
@@ -147,16 +155,17 @@ impl WasmSandbox {
                         );
                         None
                     }
-                }
+                };
+                Start::Fresh { why, prelude }
             }
         };
-        tracing::debug!(?source, snapshot = snapshot.is_ok(), "wasm backend ready");
+        let snapshot = matches!(start, Start::Snapshot);
+        tracing::debug!(?source, snapshot, "wasm backend ready");
         Ok(WasmSandbox {
             inner: Arc::new(Inner {
                 engine,
                 pre,
-                prelude,
-                snapshot,
+                start,
                 source,
                 ticker,
                 slots: Slots::new(crate::module::INSTANCE_SLOTS),
@@ -166,11 +175,10 @@ impl WasmSandbox {
 
     /// Whether runs start from a snapshot of the set-up engine; why not otherwise.
     pub fn snapshot(&self) -> Result<(), &str> {
-        self.inner
-            .snapshot
-            .as_ref()
-            .map(|_| ())
-            .map_err(String::as_str)
+        match &self.inner.start {
+            Start::Snapshot => Ok(()),
+            Start::Fresh { why, .. } => Err(why),
+        }
     }
 
     /// How the module was obtained (compiled, or loaded from the cache) and how long it took.
@@ -418,9 +426,9 @@ impl Sandbox for WasmSandbox {
         let mut details = vec![
             "javascript only: QuickJS (quickjs-ng, rquickjs 0.14) compiled to wasm32-wasip1, run by wasmtime 48".to_string(),
             source,
-            match &self.inner.snapshot {
-                Ok(()) => "runs start from a snapshot of the guest with QuickJS and the prelude set up".into(),
-                Err(why) => format!("no snapshot, every run sets QuickJS up: {why}"),
+            match &self.inner.start {
+                Start::Snapshot => "runs start from a snapshot of the guest with QuickJS and the prelude set up".into(),
+                Start::Fresh { why, .. } => format!("no snapshot, every run sets QuickJS up: {why}"),
             },
             "memory: linear-memory limit per run (memory_mb); wall clock: epoch deadline (timeout_ms)".into(),
             "no filesystem (a read-only private workspace only when the call brings files), no network, no processes".into(),
@@ -541,7 +549,10 @@ impl Inner {
                 job,
                 code,
                 workspace.is_some(),
-                self.prelude.as_deref(),
+                match &self.start {
+                    Start::Fresh { prelude, .. } => prelude.as_deref(),
+                    Start::Snapshot => None,
+                },
             ))
             .allow_blocking_current_thread(true)
             .allow_tcp(false)
