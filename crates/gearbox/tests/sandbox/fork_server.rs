@@ -37,10 +37,25 @@ fn python_stats(engine: &Engine) -> gearbox_engine::PoolStats {
     stats.into_iter().next().expect("one pool")
 }
 
-/// Wait until `n` forked sandboxes are ready.
+/// Whether the engine's pool (of runs without network) exists yet.
+fn has_pool(engine: &Engine) -> bool {
+    engine.pool_stats().iter().any(|s| !s.network)
+}
+
+/// Wait until `n` forked sandboxes are ready. (A fresh engine's pool appears once its start
+/// delay has passed: `[pool] start_delay_ms`.)
 pub(crate) async fn ready(engine: &Engine, n: usize) {
     let until = std::time::Instant::now() + Duration::from_secs(30);
     loop {
+        if !has_pool(engine) {
+            assert!(
+                std::time::Instant::now() < until,
+                "no pool after 30 s: {:?}",
+                engine.pool_stats()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
         let s = python_stats(engine);
         assert!(s.fork_server, "the fork server was given up: {s:?}");
         if s.ready >= n {
@@ -1324,16 +1339,22 @@ async fn a_failed_warm_build_is_retried_without_a_run() {
     };
     let until = std::time::Instant::now() + Duration::from_secs(60);
     loop {
+        assert!(
+            std::time::Instant::now() < until,
+            "a failed build was not retried: {:?}",
+            engine.pool_stats()
+        );
+        // The pool appears once its start delay has passed.
+        if !has_pool(&engine) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
         let s = python_stats(&engine);
         assert_eq!((s.hits, s.misses, s.ready), (0, 0, 0), "{s:?}");
         if s.failed_in_row >= 2 {
             assert!(s.last_error.is_some(), "{s:?}");
             break;
         }
-        assert!(
-            std::time::Instant::now() < until,
-            "a failed build was not retried: {s:?}"
-        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
