@@ -64,9 +64,10 @@ pub struct Engine {
     runs: Arc<Runs>,
 }
 
-/// Runs in flight ([`Engine::execute`], [`Engine::execute_collecting`]), for the warm pool's
-/// start: it waits until the server's first run is over, or for a moment with none in flight
-/// once `[pool] start_delay_ms` has passed, at the latest [`POOL_START_LATEST_MS`] after it.
+/// Runs in flight ([`Engine::execute`], [`Engine::execute_collecting`], a live session while it
+/// opens), for the warm pool's start: it waits until the server's first run is over, or for a
+/// moment with none in flight once `[pool] start_delay_ms` has passed, at the latest
+/// [`POOL_START_LATEST_MS`] after it.
 #[derive(Default)]
 struct Runs {
     in_flight: std::sync::atomic::AtomicUsize,
@@ -442,6 +443,8 @@ impl Engine {
         &self,
         mut template: ExecRequest,
     ) -> Result<gearbox_sandbox::live::Live, String> {
+        // Until the session has started (not for its life: its cells are the caller's).
+        let _in_flight = self.runs.begin();
         if self.config.backend != BackendKind::Linux {
             return Err(format!(
                 "live sessions run on the linux backend; this server's is {}",

@@ -2241,54 +2241,85 @@ async fn metrics_until_all(d: &Daemon, needles: &[&str]) -> String {
 /// Issue 23, cold start: the pool starts filling once the server's first run is over (or at a
 /// quiet moment `start_delay_ms` after start), not beside a call made right after launch.
 /// With a delay of a minute, half a second after start nothing of the pool exists: no series,
-/// no Python process below the server. One Bash call (no pool of its own) later, Python's warm
-/// sandbox is built. (The waits bound waiting, not speed.)
+/// no Python process below the server. Once the first run is over (a Bash call, which has no
+/// pool of its own; or a live session's opening), Python's warm sandbox is built and a Python
+/// call takes it. (The waits bound waiting, not speed.)
 #[tokio::test]
 async fn the_pool_starts_filling_once_the_first_run_is_over() {
-    let d = Daemon::start(Opts {
-        config: "[pool]\npython = 1\nstart_delay_ms = 60000\n",
-        ..Opts::default()
-    })
-    .await;
-    let pid = d.child.id().expect("pid");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let m = d.metrics().await;
-    assert_eq!(pool_value_if_any(&m, "ready", "python"), None, "{m}");
-    assert_eq!(pool_value_if_any(&m, "building", "python"), None, "{m}");
-    let python: Vec<_> = descendants(pid)
-        .into_iter()
-        .filter(|(_, cmd)| cmd.contains("python"))
-        .collect();
-    assert!(python.is_empty(), "built before any run: {python:?}");
+    for first in ["a bash call", "a live session"] {
+        let d = Daemon::start(Opts {
+            config: "[pool]\npython = 1\nstart_delay_ms = 60000\n",
+            extra: &["--profile", "sessions"],
+            ..Opts::default()
+        })
+        .await;
+        let pid = d.child.id().expect("pid");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let m = d.metrics().await;
+        assert_eq!(
+            pool_value_if_any(&m, "ready", "python"),
+            None,
+            "{first}: {m}"
+        );
+        assert_eq!(
+            pool_value_if_any(&m, "building", "python"),
+            None,
+            "{first}: {m}"
+        );
+        let python: Vec<_> = descendants(pid)
+            .into_iter()
+            .filter(|(_, cmd)| cmd.contains("python"))
+            .collect();
+        assert!(
+            python.is_empty(),
+            "{first}: built before any run: {python:?}"
+        );
 
-    let client = d.client(Some(ALICE)).await;
-    let r = call(
-        &client,
-        "execute_code",
-        json!({"language": "bash", "code": "echo $((6*7))"}),
-    )
-    .await;
-    assert_eq!(r.is_error, Some(false), "{}", text(&r));
-    assert!(text(&r).contains("42"), "{}", text(&r));
-    metrics_until(
-        &d,
-        "gearbox_pool_ready{language=\"python\",network=\"false\"} 1",
-    )
-    .await;
-    let r = call(
-        &client,
-        "execute_code",
-        json!({"language": "python", "code": "print(6*7)"}),
-    )
-    .await;
-    assert_eq!(r.is_error, Some(false), "{}", text(&r));
-    assert!(text(&r).contains("42"), "{}", text(&r));
-    metrics_until(
-        &d,
-        "gearbox_pool_hits_total{language=\"python\",network=\"false\"} 1",
-    )
-    .await;
-    client.cancel().await.expect("close");
+        let client = d.client(Some(ALICE)).await;
+        let r = if first == "a bash call" {
+            call(
+                &client,
+                "execute_code",
+                json!({"language": "bash", "code": "echo $((6*7))"}),
+            )
+            .await
+        } else {
+            call(
+                &client,
+                "exec_open",
+                json!({"stateful": true, "language": "javascript"}),
+            )
+            .await
+        };
+        assert_eq!(r.is_error, Some(false), "{first}: {}", text(&r));
+        // Well within the start delay's minute: it is the first run's end that started it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let m = d.metrics().await;
+            if pool_value_if_any(&m, "ready", "python") == Some(1.0) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{first}: no pool 30 s after it\n{m}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let r = call(
+            &client,
+            "execute_code",
+            json!({"language": "python", "code": "print(6*7)"}),
+        )
+        .await;
+        assert_eq!(r.is_error, Some(false), "{first}: {}", text(&r));
+        assert!(text(&r).contains("42"), "{first}: {}", text(&r));
+        metrics_until(
+            &d,
+            "gearbox_pool_hits_total{language=\"python\",network=\"false\"} 1",
+        )
+        .await;
+        client.cancel().await.expect("close");
+    }
 }
 
 /// Issue 23, light at rest. `[pool] python = { min = 0, max = 2 }, bash = 1, idle_secs = 2`:
