@@ -60,28 +60,31 @@ pub struct Engine {
     packages: crate::packages::Packages,
     /// The egress proxy of granted runs; `Err` says why there is none (a bad `[network]`).
     egress: Result<gearbox_egress::Egress, String>,
-    /// Runs in flight, which the pool's start waits for.
+    /// The server's runs, which the pool's start waits for.
     runs: Arc<Runs>,
 }
 
-/// Runs in flight ([`Engine::execute`], [`Engine::execute_collecting`], a live session while it
-/// opens), for the warm pool's start: it waits until the server's first run is over, or for a
-/// moment with none in flight once `[pool] start_delay_ms` has passed, at the latest
-/// [`POOL_START_LATEST_MS`] after it.
+/// The server's runs as the warm pool's start sees them ([`Engine::execute`],
+/// [`Engine::execute_collecting`], a live session while it opens): it waits until the first run
+/// is over, or, once `[pool] start_delay_ms` has passed, for a moment before any run began, at
+/// the latest [`POOL_START_LATEST_MS`] after the delay. (Before the first run ends, "no run in
+/// flight" is "no run begun": two flags say all there is to say.)
 #[derive(Default)]
 struct Runs {
-    in_flight: std::sync::atomic::AtomicUsize,
+    /// A run has begun since the server started.
+    begun: std::sync::atomic::AtomicBool,
     /// A run has ended since the server started.
     ended: std::sync::atomic::AtomicBool,
-    changed: tokio::sync::Notify,
+    /// Woken when the first run ends.
+    first_ended: tokio::sync::Notify,
 }
 
-/// One run in flight, counted until dropped (also when its future is cancelled).
+/// One run, from its start until dropped (also when its future is cancelled).
 struct RunInFlight<'a>(&'a Runs);
 
 impl Runs {
     fn begin(&self) -> RunInFlight<'_> {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.begun.store(true, Ordering::SeqCst);
         RunInFlight(self)
     }
 
@@ -90,31 +93,31 @@ impl Runs {
         if delay.is_zero() {
             return;
         }
-        let start = tokio::time::Instant::now();
-        let quiet_from = start + delay;
+        let quiet_from = tokio::time::Instant::now() + delay;
         let latest = quiet_from + std::time::Duration::from_millis(POOL_START_LATEST_MS);
         loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
+            let first_ended = self.first_ended.notified();
+            tokio::pin!(first_ended);
+            first_ended.as_mut().enable();
             let now = tokio::time::Instant::now();
             if self.ended.load(Ordering::SeqCst)
-                || (now >= quiet_from && self.in_flight.load(Ordering::SeqCst) == 0)
+                || (now >= quiet_from && !self.begun.load(Ordering::SeqCst))
                 || now >= latest
             {
                 return;
             }
             let until = if now < quiet_from { quiet_from } else { latest };
-            let _ = tokio::time::timeout_at(until, changed).await;
+            let _ = tokio::time::timeout_at(until, first_ended).await;
         }
     }
 }
 
 impl Drop for RunInFlight<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.0.ended.store(true, Ordering::SeqCst);
-        self.0.changed.notify_waiters();
+        // Only the first end wakes anyone: the pool's start then returns for good.
+        if !self.0.ended.swap(true, Ordering::SeqCst) {
+            self.0.first_ended.notify_waiters();
+        }
     }
 }
 
@@ -221,6 +224,10 @@ impl Engine {
                     }
                     Err(e) => tracing::warn!(%language, error = %e, "no warm pool"),
                 }
+            }
+            if now.is_empty() && later.is_empty() {
+                // No language to keep (`gearbox run`, `pool = {}`): nothing to wait for.
+                return;
             }
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 // Nothing can be built outside a runtime anyway: keep them all now.
@@ -661,8 +668,9 @@ mod tests {
     use std::time::Duration;
     use tokio::time::Instant;
 
-    /// When [`Runs::quiet_start`] returns, in (paused, so exact) time since it was called.
-    async fn starts_after(runs: &Arc<Runs>, delay_ms: u64) -> tokio::task::JoinHandle<Duration> {
+    /// Start [`Runs::quiet_start`] with `delay_ms` on a task; the task yields how long it
+    /// waited (in paused, so exact, time).
+    async fn waiting(runs: &Arc<Runs>, delay_ms: u64) -> tokio::task::JoinHandle<Duration> {
         let runs = Arc::clone(runs);
         let t = Instant::now();
         let task = tokio::spawn(async move {
@@ -673,46 +681,34 @@ mod tests {
         task
     }
 
+    async fn waited(task: tokio::task::JoinHandle<Duration>) -> Duration {
+        task.await.expect("the waiting task")
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_pool_starts_after_the_first_run_or_at_a_quiet_moment() {
         let ms = Duration::from_millis;
-        // No delay: at once.
+        // No delay: at once. No run: at the delay.
         let runs = Arc::new(Runs::default());
-        assert_eq!(
-            starts_after(&runs, 0)
-                .await
-                .await
-                .expect("the waiting task"),
-            ms(0)
-        );
-        // No run: at the delay.
-        assert_eq!(
-            starts_after(&runs, 100)
-                .await
-                .await
-                .expect("the waiting task"),
-            ms(100)
-        );
+        assert_eq!(waited(waiting(&runs, 0).await).await, ms(0));
+        assert_eq!(waited(waiting(&runs, 100).await).await, ms(100));
         // The first run over before the delay: then.
-        let task = starts_after(&runs, 100).await;
+        let task = waiting(&runs, 100).await;
         let run = runs.begin();
         tokio::time::sleep(ms(30)).await;
         drop(run);
-        assert_eq!(task.await.expect("the waiting task"), ms(30));
+        assert_eq!(waited(task).await, ms(30));
         // A run in flight at the delay holds it back until it is over.
         let runs = Arc::new(Runs::default());
-        let task = starts_after(&runs, 100).await;
+        let task = waiting(&runs, 100).await;
         let run = runs.begin();
         tokio::time::sleep(ms(250)).await;
         drop(run);
-        assert_eq!(task.await.expect("the waiting task"), ms(250));
+        assert_eq!(waited(task).await, ms(250));
         // ... but a run that lasts does so for POOL_START_LATEST_MS at most.
         let runs = Arc::new(Runs::default());
-        let task = starts_after(&runs, 100).await;
+        let task = waiting(&runs, 100).await;
         let _live = runs.begin();
-        assert_eq!(
-            task.await.expect("the waiting task"),
-            ms(100 + POOL_START_LATEST_MS)
-        );
+        assert_eq!(waited(task).await, ms(100 + POOL_START_LATEST_MS));
     }
 }

@@ -97,33 +97,35 @@ pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
     let mut out: Vec<(ToolKind, Tool)> = Vec::new();
     let mut push = |kind: ToolKind, tool: Tool| {
         if !out.iter().any(|(_, t)| t.name == tool.name) {
-            out.push((kind, standard_schemas(tool)));
+            // The broker's tools keep their input schemas' nullable types.
+            let portable = !matches!(kind, ToolKind::Broker(_));
+            out.push((kind, standard_schemas(tool, portable)));
         }
     };
     for p in profiles {
         match p {
             ToolProfile::Default => {
-                push(ToolKind::ExecuteCode, portable(execute_code_tool()));
-                push(ToolKind::ApprovalStatus, portable(approval_status_tool()));
+                push(ToolKind::ExecuteCode, execute_code_tool());
+                push(ToolKind::ApprovalStatus, approval_status_tool());
             }
             ToolProfile::Isolator => {
-                push(ToolKind::ExecuteCode, portable(execute_code_tool()));
+                push(ToolKind::ExecuteCode, execute_code_tool());
             }
             ToolProfile::Quickjs => {
-                push(ToolKind::RunJavascript, portable(run_javascript_tool()));
+                push(ToolKind::RunJavascript, run_javascript_tool());
             }
             ToolProfile::Heroku => {
-                push(ToolKind::CodeExecPython, portable(code_exec_python_tool()));
+                push(ToolKind::CodeExecPython, code_exec_python_tool());
             }
             ToolProfile::Sessions => {
-                let exec = portable(execute_code_tool());
+                let exec = execute_code_tool();
                 push(ToolKind::ExecuteCode, exec.clone());
                 for tool in crate::sessions::tools(&exec) {
-                    push(ToolKind::Session, portable(tool));
+                    push(ToolKind::Session, tool);
                 }
             }
             ToolProfile::Sidecar => {
-                push(ToolKind::SidecarExecute, portable(sidecar_execute_tool()));
+                push(ToolKind::SidecarExecute, sidecar_execute_tool());
                 push(ToolKind::ListPackages, list_packages_tool());
             }
             ToolProfile::Broker => {
@@ -236,39 +238,6 @@ fn list_packages_tool() -> Tool {
     )
 }
 
-/// Input schemas without `"type": [T, "null"]` (nor `null` in an `enum`): optional arguments
-/// are simply absent, and a single `type` maps onto every client's schema dialect (Gemini's
-/// OpenAPI subset included).
-fn portable(mut tool: Tool) -> Tool {
-    fn walk(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(map) => {
-                if let Some(serde_json::Value::Array(types)) = map.get("type")
-                    && types.len() == 2
-                    && types.iter().any(|t| t == "null")
-                    && let Some(single) = types.iter().find(|t| *t != "null").cloned()
-                {
-                    map.insert("type".into(), single);
-                    if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
-                        values.retain(|v| !v.is_null());
-                    }
-                }
-                map.values_mut().for_each(walk);
-            }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
-            _ => {}
-        }
-    }
-    let mut schema = serde_json::Value::Object(tool.input_schema.as_ref().clone());
-    // Compacted first, so that an optional argument of a named type is a `[T, "null"]` here too.
-    crate::schema::compact(&mut schema);
-    walk(&mut schema);
-    if let serde_json::Value::Object(map) = schema {
-        tool.input_schema = std::sync::Arc::new(map);
-    }
-    tool
-}
-
 /// The `format` values JSON Schema (draft 2020-12) defines.
 const STANDARD_FORMATS: &[&str] = &[
     "date-time",
@@ -296,7 +265,10 @@ const STANDARD_FORMATS: &[&str] = &[
 /// types (`uint64`, `int32`...), which strict validators (the TypeScript SDK's) warn about or
 /// refuse. They go; an unsigned integer keeps (or gets) `minimum: 0`. Then each schema is
 /// compacted (`schema.rs`: documented enums as `enum`, `$ref`s inlined), meaning unchanged.
-fn standard_schemas(mut tool: Tool) -> Tool {
+/// Last, with `portable`, the input schema loses `"type": [T, "null"]` (and `null` in an
+/// `enum`): optional arguments are simply absent, and a single `type` maps onto every
+/// client's schema dialect (Gemini's OpenAPI subset included).
+fn standard_schemas(mut tool: Tool, portable: bool) -> Tool {
     fn walk(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(map) => {
@@ -317,19 +289,42 @@ fn standard_schemas(mut tool: Tool) -> Tool {
             _ => {}
         }
     }
+    fn without_null(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Array(types)) = map.get("type")
+                    && types.len() == 2
+                    && types.iter().any(|t| t == "null")
+                    && let Some(single) = types.iter().find(|t| *t != "null").cloned()
+                {
+                    map.insert("type".into(), single);
+                    if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
+                        values.retain(|v| !v.is_null());
+                    }
+                }
+                map.values_mut().for_each(without_null);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(without_null),
+            _ => {}
+        }
+    }
     fn fix(
         schema: &std::sync::Arc<rmcp::model::JsonObject>,
+        input: bool,
     ) -> std::sync::Arc<rmcp::model::JsonObject> {
         let mut v = serde_json::Value::Object(schema.as_ref().clone());
         walk(&mut v);
         crate::schema::compact(&mut v);
+        if input {
+            without_null(&mut v);
+        }
         match v {
             serde_json::Value::Object(map) => std::sync::Arc::new(map),
             _ => schema.clone(),
         }
     }
-    tool.input_schema = fix(&tool.input_schema);
-    tool.output_schema = tool.output_schema.as_ref().map(fix);
+    tool.input_schema = fix(&tool.input_schema, portable);
+    tool.output_schema = tool.output_schema.as_ref().map(|s| fix(s, false));
     tool
 }
 

@@ -1608,13 +1608,22 @@ async fn oauth_keys_are_fetched_over_verified_tls() {
 
 /// Poll `/metrics` until it has `needle`; the text. (A bound on waiting, not on speed.)
 async fn metrics_until(d: &Daemon, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    metrics_within(d, &[needle], Duration::from_secs(60)).await
+}
+
+/// Poll `/metrics` until it has every one of `needles`, for at most `bound`; the text.
+async fn metrics_within(d: &Daemon, needles: &[&str], bound: Duration) -> String {
+    let deadline = Instant::now() + bound;
     loop {
         let m = d.metrics().await;
-        if m.contains(needle) {
+        if needles.iter().all(|n| m.contains(n)) {
             return m;
         }
-        assert!(Instant::now() < deadline, "no {needle} in\n{m}");
+        assert!(
+            Instant::now() < deadline,
+            "not all of {needles:?} within {bound:?} in\n{m}\n{}",
+            d.stderr()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -2223,19 +2232,7 @@ fn descendants(root: u32) -> Vec<(u32, String)> {
 /// Poll `/metrics` until it has every one of `needles`; the text. (A bound on waiting, not
 /// on speed.)
 async fn metrics_until_all(d: &Daemon, needles: &[&str]) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let m = d.metrics().await;
-        if needles.iter().all(|n| m.contains(n)) {
-            return m;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not all of {needles:?} in\n{m}\n{}",
-            d.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    metrics_within(d, needles, Duration::from_secs(60)).await
 }
 
 /// Issue 23, cold start: the pool starts filling once the server's first run is over (or at a
@@ -2293,18 +2290,12 @@ async fn the_pool_starts_filling_once_the_first_run_is_over() {
         };
         assert_eq!(r.is_error, Some(false), "{first}: {}", text(&r));
         // Well within the start delay's minute: it is the first run's end that started it.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let m = d.metrics().await;
-            if pool_value_if_any(&m, "ready", "python") == Some(1.0) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{first}: no pool 30 s after it\n{m}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        metrics_within(
+            &d,
+            &["gearbox_pool_ready{language=\"python\",network=\"false\"} 1"],
+            Duration::from_secs(30),
+        )
+        .await;
         let r = call(
             &client,
             "execute_code",
