@@ -12,7 +12,8 @@ sequential `execute_code` calls of `print(1)` (`echo 1`, `console.log(1)`), and 
 median latency and the machine's busy CPU per call (from /proc/stat: every process, the
 client, the pool's refills and the kernel's workers included). A `--gearbox` of the form
 `KEY=VALUE ... PATH` runs that build with those variables set. Standard library only; as
-root, so the fork servers are used.
+root, so the fork servers are used. `--cold` measures cold calls instead (`pool = {}`: a
+fresh helper, sandbox and interpreter per call).
 """
 import argparse
 import os
@@ -29,11 +30,11 @@ from warm_pool import Rpc, busy_ms  # noqa: E402
 CODE = {"python": "print(1)", "bash": "echo 1", "javascript": "console.log(1)"}
 
 
-def measure(build, n, language):
+def measure(build, n, language, cold=False):
     *assignments, gearbox = build.split()
     env = dict(os.environ, **dict(a.split("=", 1) for a in assignments))
     cfg = Path(tempfile.mkdtemp(prefix="gearbox-ab-")) / "warm.toml"
-    cfg.write_text(f"[pool]\n{language} = 2\n")
+    cfg.write_text("pool = {}\n" if cold else f"[pool]\n{language} = 2\n")
     rpc = Rpc(gearbox, str(cfg), env)
     code = CODE[language]
     try:
@@ -58,11 +59,12 @@ def main():
     ap.add_argument("-n", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--language", default="python", choices=sorted(CODE))
+    ap.add_argument("--cold", action="store_true", help="no pool: every call starts cold")
     a = ap.parse_args()
     results = {g: [] for g in a.gearbox}
     for _ in range(a.rounds):
         for g in a.gearbox:
-            results[g].append(measure(g, a.n, a.language))
+            results[g].append(measure(g, a.n, a.language, a.cold))
     print(f"{'build':<50} {'median ms':>10} {'CPU/run ms':>11}  (per round)")
     for g, rs in results.items():
         med = statistics.median(r[0] for r in rs)

@@ -160,7 +160,7 @@ enum SlotMsg {
 /// A running fork server.
 pub(crate) struct ForkServer {
     control: Mutex<OwnedFd>,
-    helper: Mutex<tokio::process::Child>,
+    helper: Mutex<crate::helper::HelperProcess>,
     limits: Limits,
     /// Set by [`ForkServer::stop`]: its end is expected, not a failure.
     stopping: Arc<std::sync::atomic::AtomicBool>,

@@ -48,9 +48,53 @@ where
     (exited_tx, out, err)
 }
 
+/// A helper process, killed when dropped (a cancelled call, a failed or abandoned run)
+/// until [`HelperProcess::release`] says its run is over.
+pub(crate) struct HelperProcess(Option<tokio::process::Child>);
+
+impl HelperProcess {
+    /// The run is over and reported: the helper only cleans up after it now, and does so
+    /// even when its caller is gone (`jail::release_caller`), so it is no longer killed
+    /// when dropped; a dropped one is reaped by tokio's orphan queue.
+    pub fn release(mut self) -> Option<tokio::process::Child> {
+        self.0.take()
+    }
+
+    pub fn id(&self) -> Option<u32> {
+        self.0.as_ref().and_then(|c| c.id())
+    }
+
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        match &mut self.0 {
+            Some(c) => c.try_wait(),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match &mut self.0 {
+            Some(c) => c.wait().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    pub fn start_kill(&mut self) -> std::io::Result<()> {
+        match &mut self.0 {
+            Some(c) => c.start_kill(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for HelperProcess {
+    fn drop(&mut self) {
+        let _ = self.start_kill();
+    }
+}
+
 /// A started helper: its pipes, before the program's data has been written.
 pub(crate) struct Spawned {
-    pub child: tokio::process::Child,
+    pub child: HelperProcess,
     pub stdin: tokio::process::ChildStdin,
     pub stdout: tokio::process::ChildStdout,
     pub stderr: tokio::process::ChildStderr,
@@ -109,8 +153,7 @@ pub(crate) async fn spawn_with(
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .stderr(Stdio::piped());
     let w = report_w.as_raw_fd();
     // SAFETY: the closure runs between fork and exec and calls only dup2, which is
     // async-signal-safe; `w` stays open in the parent until spawn returns.
@@ -128,6 +171,7 @@ pub(crate) async fn spawn_with(
         });
     }
     let mut child = cmd.spawn().map_err(SandboxError::Spawn)?;
+    tracing::debug!(pid = child.id(), "sandbox helper started");
     drop(report_w);
     let (Some(mut stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -139,7 +183,7 @@ pub(crate) async fn spawn_with(
     // A helper that fails early closes its stdin; its report then says why.
     let _ = stdin.write_all(&header).await;
     Ok(Spawned {
-        child,
+        child: HelperProcess(Some(child)),
         stdin,
         stdout,
         stderr,
@@ -307,7 +351,7 @@ async fn finish(
     mode: Mode,
 ) -> Result<Finished, SandboxError> {
     let Spawned {
-        mut child,
+        child,
         mut stdin,
         stdout,
         stderr,
@@ -339,8 +383,11 @@ async fn finish(
         tokio::join!(writer, out_reader, err_reader, report_reader)
     })
     .await;
-    if joined.is_ok() {
-        // The helper may still be removing the run's cgroup: reap it in the background.
+    if joined.is_ok()
+        && let Some(mut child) = child.release()
+    {
+        // The helper may still be removing the run's cgroup: reap it in the background
+        // (or, when the runtime stops first, let tokio's orphan queue or init do it).
         tokio::spawn(async move {
             let _ = child.wait().await;
         });

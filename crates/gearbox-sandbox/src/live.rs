@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use gearbox_core::{Job, SandboxError};
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::process::{ChildStdin, ChildStdout};
 
 use crate::helper::{Spawned, spawn, spec_for, take_payload};
 use crate::wire::{JailReport, Mode};
@@ -85,7 +85,7 @@ struct Frame {
 
 /// A live interpreter in its sandbox. Dropping it kills the sandbox.
 pub struct Live {
-    child: Child,
+    child: crate::helper::HelperProcess,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     report: tokio::net::unix::pipe::Receiver,

@@ -869,7 +869,7 @@ impl WarmPool {
 }
 
 /// The helpers of helper-built sandboxes being dropped, with what must outlive their end.
-type Closing = Vec<(tokio::process::Child, Box<dyn Send>)>;
+type Closing = Vec<(crate::helper::HelperProcess, Box<dyn Send>)>;
 
 /// Drop warm sandboxes cleanly. A fork server's slot is killed, and its cgroup released,
 /// when dropped. A helper-built sandbox ends once its hand-over pipe closes, and its helper

@@ -584,7 +584,11 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
         report(&o, args.json)?;
         return Ok(ExitCode::from(exit_status(&o)));
     }
-    let outcome = runtime()?.block_on(engine.execute(req, args.backend));
+    // One run, one thread: no worker threads to start and to join at the end.
+    let outcome = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(engine.execute(req, args.backend));
     report(&outcome, args.json)?;
     save_outputs(&outcome, args.outputs.as_deref(), args.json)?;
     Ok(ExitCode::from(exit_status(&outcome)))

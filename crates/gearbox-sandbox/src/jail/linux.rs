@@ -211,8 +211,9 @@ pub fn run(
         .into());
     }
     // The caller has all it needs: answer first, then remove the cgroup (rmdir of a memory
-    // cgroup can take milliseconds).
+    // cgroup can take milliseconds), which no longer holds the caller up.
     let trailer = std::mem::take(&mut watch.trailer);
+    super::release_caller();
     super::send_report(report, &trailer);
     drop(cgroup);
     Ok(())

@@ -128,6 +128,32 @@ fn set_cloexec(fd: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Called once the run is over (its init reaped and its cgroup emptied, or, in `process`
+/// mode, its process group killed), before the report: all the helper has left to do is
+/// clean up after the run (remove its cgroup or its directory). The helper stops dying with
+/// its caller, so that the clean-up happens even if the caller, which has all it needs
+/// once the report is sent, is gone by then (`gearbox run` exits at once); and it lets go
+/// of its stdout and stderr, the run's output pipes (the program inherited them), so that
+/// the caller reads their end now instead of at the helper's exit.
+pub(crate) fn release_caller() {
+    // SAFETY: prctl(PR_SET_PDEATHSIG, 0) takes integers and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong) };
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null");
+    for fd in [1, 2] {
+        // SAFETY: dup2 and close on the helper's own stdout and stderr, which it never
+        // writes to (its report goes to fd 3); `null` stays open until after the loop.
+        unsafe {
+            match &null {
+                Ok(n) => libc::dup2(std::os::fd::AsRawFd::as_raw_fd(n), fd),
+                Err(_) => libc::close(fd),
+            }
+        };
+    }
+}
+
 /// Ask for SIGKILL when the parent dies, then check the parent did not die already.
 pub(crate) fn die_with_parent(expected_parent: i32) -> std::io::Result<()> {
     // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no memory.

@@ -25,6 +25,8 @@ pub fn run(
     let dir = nix::unistd::mkdtemp("/tmp/gearbox-run-XXXXXX").step(Step::CreateWorkspace)?;
     let result = run_in(spec, &files, &dir, start, report);
     if let Ok(trailer) = &result {
+        // The program's group is killed: what is left is removing the directory.
+        super::release_caller();
         super::send_report(report, trailer);
     }
     let _ = fs::remove_dir_all(&dir);

@@ -89,3 +89,107 @@ async fn a_helper_of_another_build_refuses_the_job() {
     }
     assert!(!ran, "the program ran");
 }
+
+/// `gearbox run` exits once its helper has reported, without waiting for the helper to
+/// clean up after the run (remove its cgroup, or in `process` mode its directory), and the
+/// helper, no longer tied to the command by then, finishes that on its own: nothing kills
+/// it (neither its death signal nor the command's runtime as it stops), so it exits 0 and
+/// leaves nothing behind. A Python parent that adopts orphans (`PR_SET_CHILD_SUBREAPER`)
+/// runs the command and waits for every helper that outlived it; the helpers' pids come
+/// from the command's debug log. The `process` runs leave 5,000 files to remove, so their
+/// helpers outlive the command by tens of milliseconds (the linux runs' clean-up is too
+/// quick to lose to the command's exit reliably).
+#[test]
+fn a_one_shot_runs_helper_finishes_its_clean_up_after_the_command_exits() {
+    const PARENT: &str = r#"
+import ctypes, json, os, subprocess, sys
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+MANY = "import os\nfor i in range(5000): open(f'f{i}', 'w').close()\nprint(os.getcwd())"
+runs = [([], f"print({i} * 7)", f"{i * 7}\n") for i in range(3)]
+runs += [(["--backend", "process"], MANY, None) for _ in range(2)]
+logs, dirs = [], []
+for extra, code, want in runs:
+    p = subprocess.run([sys.argv[1], "--log", "gearbox_sandbox=debug", "run", *extra,
+                        "--language", "python", "-"], input=code.encode(), capture_output=True)
+    assert p.returncode == 0 and (want is None or p.stdout.decode() == want), p
+    if want is None:
+        dirs.append(os.path.dirname(p.stdout.decode().strip()))
+    logs.append(p.stderr.decode())
+adopted = []
+while True:
+    try:
+        pid, status = os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+    adopted.append([pid, status])
+print(json.dumps({"logs": logs, "adopted": adopted, "dirs": dirs}))
+"#;
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", PARENT])
+        .arg(gearbox_bin())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the parent's JSON");
+    // Every helper that outlived its command ended by itself, with status 0.
+    let adopted = v["adopted"].as_array().expect("adopted");
+    for a in adopted {
+        assert_eq!(
+            a[1], 0,
+            "an adopted helper did not exit 0: {a} (a wait status)"
+        );
+    }
+    // Each `process` run's directory is gone.
+    for d in v["dirs"].as_array().expect("dirs") {
+        let d = d.as_str().expect("a directory");
+        assert!(d.starts_with("/tmp/gearbox-run-"), "{d}");
+        assert!(
+            !Path::new(d).exists(),
+            "a process run's directory was left: {d}"
+        );
+    }
+    let helpers: Vec<String> = v["logs"]
+        .as_array()
+        .expect("logs")
+        .iter()
+        .filter_map(|log| {
+            let line = log
+                .as_str()?
+                .lines()
+                .find(|l| l.contains("sandbox helper started"))?;
+            let pid = line.split("pid=").nth(1)?;
+            Some(pid.chars().take_while(char::is_ascii_digit).collect())
+        })
+        .collect();
+    assert_eq!(helpers.len(), 5, "the helpers' pids in the debug log: {v}");
+    // The process runs' helpers were still removing files when their command exited.
+    for h in &helpers[3..] {
+        assert!(
+            adopted.iter().any(|a| a[0].as_u64() == h.parse().ok()),
+            "the helper {h} of a process run did not outlive its command: {v}"
+        );
+    }
+    if !crate::cgroups::root_and_cgroups("a one-shot run's cgroup is removed") {
+        return;
+    }
+    // Each linux run's helper names the run's cgroup after itself: all are gone (every
+    // helper has exited: the Python parent waited for those that outlived their command).
+    let left: Vec<PathBuf> = crate::cgroups::gearbox_roots()
+        .iter()
+        .filter_map(|root| std::fs::read_dir(root).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            helpers
+                .iter()
+                .any(|h| name.starts_with(&format!("run-{h}-")))
+        })
+        .collect();
+    assert!(left.is_empty(), "cgroups left by one-shot runs: {left:?}");
+}
