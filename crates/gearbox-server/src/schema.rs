@@ -439,6 +439,13 @@ mod tests {
                 let v = serde_json::Value::Object(schema.as_ref().clone());
                 assert!(!any_nullable_any_of(&v), "{}: {v}", tool.name);
             }
+            // Input schemas have single types: an optional argument is simply absent.
+            let input = serde_json::to_string(&tool.input_schema).expect("schema as JSON");
+            assert!(
+                !input.contains("\"null\""),
+                "{}: a nullable input: {input}",
+                tool.name
+            );
         }
     }
 

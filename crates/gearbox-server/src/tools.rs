@@ -97,9 +97,7 @@ pub fn tools_for(profiles: &[ToolProfile]) -> Vec<(ToolKind, Tool)> {
     let mut out: Vec<(ToolKind, Tool)> = Vec::new();
     let mut push = |kind: ToolKind, tool: Tool| {
         if !out.iter().any(|(_, t)| t.name == tool.name) {
-            // The broker's tools keep their input schemas' nullable types.
-            let portable = !matches!(kind, ToolKind::Broker(_));
-            out.push((kind, standard_schemas(tool, portable)));
+            out.push((kind, standard_schemas(tool)));
         }
     };
     for p in profiles {
@@ -265,10 +263,11 @@ const STANDARD_FORMATS: &[&str] = &[
 /// types (`uint64`, `int32`...), which strict validators (the TypeScript SDK's) warn about or
 /// refuse. They go; an unsigned integer keeps (or gets) `minimum: 0`. Then each schema is
 /// compacted (`schema.rs`: documented enums as `enum`, `$ref`s inlined), meaning unchanged.
-/// Last, with `portable`, the input schema loses `"type": [T, "null"]` (and `null` in an
-/// `enum`): optional arguments are simply absent, and a single `type` maps onto every
-/// client's schema dialect (Gemini's OpenAPI subset included).
-fn standard_schemas(mut tool: Tool, portable: bool) -> Tool {
+/// Last, every tool's input schema loses `"type": [T, "null"]` (and `null` in an `enum`):
+/// optional arguments are simply absent, and a single `type` maps onto every client's
+/// schema dialect (Gemini's OpenAPI subset included). Output schemas keep theirs: those
+/// fields really are `null` at times.
+fn standard_schemas(mut tool: Tool) -> Tool {
     fn walk(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(map) => {
@@ -302,6 +301,27 @@ fn standard_schemas(mut tool: Tool, portable: bool) -> Tool {
                         values.retain(|v| !v.is_null());
                     }
                 }
+                // A union with `null` (`anyOf: [{...}, {"type": "null"}]`, what an optional
+                // value of a type with several forms becomes) keeps its other branches; one
+                // left takes the union's place, under the union's own annotations.
+                let mut only = None;
+                if let Some(serde_json::Value::Array(branches)) = map.get_mut("anyOf") {
+                    branches.retain(|b| *b != serde_json::json!({"type": "null"}));
+                    if let [serde_json::Value::Object(branch)] = branches.as_slice() {
+                        only = Some(branch.clone());
+                    }
+                }
+                if let Some(branch) = only
+                    && branch.keys().all(|k| {
+                        !map.contains_key(k)
+                            || matches!(k.as_str(), "anyOf" | "description" | "title")
+                    })
+                {
+                    map.remove("anyOf");
+                    for (k, v) in branch {
+                        map.entry(k).or_insert(v);
+                    }
+                }
                 map.values_mut().for_each(without_null);
             }
             serde_json::Value::Array(items) => items.iter_mut().for_each(without_null),
@@ -323,7 +343,7 @@ fn standard_schemas(mut tool: Tool, portable: bool) -> Tool {
             _ => schema.clone(),
         }
     }
-    tool.input_schema = fix(&tool.input_schema, portable);
+    tool.input_schema = fix(&tool.input_schema, true);
     tool.output_schema = tool.output_schema.as_ref().map(|s| fix(s, false));
     tool
 }
