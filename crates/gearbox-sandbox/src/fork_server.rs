@@ -781,7 +781,7 @@ fn pidfd_exited(pidfd: &OwnedFd) -> bool {
     n != 0
 }
 
-fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes integers and returns a new fd we then own.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use gearbox_core::{Job, SandboxError};
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{ChildStdin, ChildStdout};
+use tokio::net::unix::pipe::{Receiver as ChildStdout, Sender as ChildStdin};
 
 use crate::helper::{Spawned, spawn, spec_for, take_payload};
 use crate::wire::{JailReport, Mode};
