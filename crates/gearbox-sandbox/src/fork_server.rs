@@ -31,7 +31,7 @@
 //! control socket before its code runs.
 
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 
 use crate::cgroup::{Cgroup, CgroupSupport};
-use crate::helper::{Spawned, build_outcome, spawn_with, spec_for, take_payload};
+use crate::helper::{Spawned, build_outcome, pidfd_open, spawn_with, spec_for, take_payload};
 use crate::step::{Step, StepError};
 use crate::wire::{HandOver, JailReport, Mode, Pooled, SetupFailure, encode_handover};
 
@@ -779,16 +779,6 @@ fn pidfd_exited(pidfd: &OwnedFd) -> bool {
     // SAFETY: poll on one pollfd on this stack frame, no timeout.
     let n = unsafe { libc::poll(&mut pfd, 1, 0) };
     n != 0
-}
-
-pub(crate) fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes integers and returns a new fd we then own.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd returned by the kernel, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// The next packet and its sender's pid (in this process's pid namespace); `None` at EOF.

@@ -61,7 +61,7 @@ pub(crate) struct HelperProcess {
 impl HelperProcess {
     fn new(pid: i32) -> std::io::Result<HelperProcess> {
         // The pid is an unreaped child of this process: it names the helper until reaped.
-        let pidfd = crate::fork_server::pidfd_open(pid)?;
+        let pidfd = pidfd_open(pid)?;
         Ok(HelperProcess {
             pid,
             // SAFETY: the pidfd is open and owned by the AsyncFd for its whole life.
@@ -654,4 +654,16 @@ pub(crate) fn classify(r: &JailReport, limits: &gearbox_core::Limits) -> (Status
     } else {
         (Status::Ok, None)
     }
+}
+
+/// A pidfd for `pid`, which must be a process this one may not lose track of (an unreaped
+/// child, or one known alive): it names that process from then on, whatever the pid becomes.
+pub(crate) fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes integers and returns a new fd we then own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd returned by the kernel, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) })
 }
