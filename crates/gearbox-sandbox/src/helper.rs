@@ -248,7 +248,15 @@ pub(crate) async fn spawn_with(
     drop((stdin_r, stdout_w, stderr_w, report_w));
     let pid = posix_spawn(helper, &theirs).map_err(spawn_err)?;
     drop(theirs);
-    let child = HelperProcess::new(pid).map_err(SandboxError::Spawn)?;
+    let child = HelperProcess::new(pid).map_err(|e| {
+        // No pidfd to hold it by: stop it now, before its pid can be anyone else's.
+        // SAFETY: kill and waitpid on our own unreaped child; the status goes nowhere.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        SandboxError::Spawn(e)
+    })?;
     tracing::debug!(pid, "sandbox helper started");
     let as_io = |e: std::io::Error| SandboxError::Spawn(e);
     let mut stdin = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(as_io)?;
