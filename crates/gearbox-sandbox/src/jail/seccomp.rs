@@ -235,6 +235,56 @@ mod tests {
         assert_eq!(super::SPLIT, encode(&[server, program].concat()).as_slice());
     }
 
+    /// The index in front of each long filter and the shortened filter behind it
+    /// (`compiler::indexed`) change no answer: every filter, indexed and whole, over every
+    /// number up to past the review, x32 numbers, three architectures, and arguments from
+    /// none to all bits set, and every value a rule of the policy compares one with.
+    #[test]
+    fn the_index_changes_no_answer() {
+        use super::compiler::{compile, compile_split, without_index};
+        let arch = super::arch().expect("x86_64");
+        let (server, program) = compile_split(arch).expect("split");
+        let indexed: Vec<BpfProgram> = compile(arch)
+            .expect("policy compiles")
+            .into_iter()
+            .chain(server)
+            .chain(program)
+            .collect();
+        let whole = without_index(arch).expect("filters without the index");
+        assert_eq!(indexed.len(), whole.len());
+        let shortened = indexed
+            .iter()
+            .zip(&whole)
+            .filter(|(i, w)| i.len() < w.len());
+        assert!(shortened.count() >= 2, "the allow lists are indexed");
+        let mut args: Vec<[u64; 6]> = vec![[0; 6], [u64::MAX; 6], [1, 2, 3, 4, 5, 6]];
+        for (_, filter) in policy() {
+            for rule in filter["filter"].as_array().into_iter().flatten() {
+                for arg in rule["args"].as_array().into_iter().flatten() {
+                    if let Some(v) = arg["val"].as_u64() {
+                        args.push([v; 6]);
+                    }
+                }
+            }
+        }
+        let numbers = (0..700u32)
+            .chain((0..700u32).map(|n| n | 0x4000_0000))
+            .chain([u32::MAX, 0x7FFF_FFFF]);
+        let mut checked = 0;
+        for nr in numbers {
+            for arch in [AUDIT_ARCH_X86_64, AUDIT_ARCH_I386, 0] {
+                for a in &args {
+                    let c = Call { arch, nr, args: *a };
+                    for (i, w) in indexed.iter().zip(&whole) {
+                        assert_eq!(run(i, &c), run(w, &c), "{c:?}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 10_000);
+    }
+
     #[test]
     fn policy_compiles() {
         let filters = cold();
