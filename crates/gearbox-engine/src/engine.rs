@@ -685,6 +685,15 @@ mod tests {
         task.await.expect("the waiting task")
     }
 
+    /// How long the start waits with `delay_ms` when a run begins at once and lasts `run_ms`.
+    async fn with_a_run(runs: &Arc<Runs>, delay_ms: u64, run_ms: u64) -> Duration {
+        let task = waiting(runs, delay_ms).await;
+        let run = runs.begin();
+        tokio::time::sleep(Duration::from_millis(run_ms)).await;
+        drop(run);
+        waited(task).await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_pool_starts_after_the_first_run_or_at_a_quiet_moment() {
         let ms = Duration::from_millis;
@@ -693,18 +702,10 @@ mod tests {
         assert_eq!(waited(waiting(&runs, 0).await).await, ms(0));
         assert_eq!(waited(waiting(&runs, 100).await).await, ms(100));
         // The first run over before the delay: then.
-        let task = waiting(&runs, 100).await;
-        let run = runs.begin();
-        tokio::time::sleep(ms(30)).await;
-        drop(run);
-        assert_eq!(waited(task).await, ms(30));
+        assert_eq!(with_a_run(&runs, 100, 30).await, ms(30));
         // A run in flight at the delay holds it back until it is over.
         let runs = Arc::new(Runs::default());
-        let task = waiting(&runs, 100).await;
-        let run = runs.begin();
-        tokio::time::sleep(ms(250)).await;
-        drop(run);
-        assert_eq!(waited(task).await, ms(250));
+        assert_eq!(with_a_run(&runs, 100, 250).await, ms(250));
         // ... but a run that lasts does so for POOL_START_LATEST_MS at most.
         let runs = Arc::new(Runs::default());
         let task = waiting(&runs, 100).await;

@@ -84,32 +84,22 @@ impl HelperProcess {
     }
 
     pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
-        use std::os::unix::process::ExitStatusExt;
         if self.status.is_none() {
-            let mut raw = 0;
-            // SAFETY: waitpid on our own unreaped child, writing the status on this frame.
-            let r = unsafe { libc::waitpid(self.pid, &mut raw, libc::WNOHANG) };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if r == self.pid {
-                self.status = Some(std::process::ExitStatus::from_raw(raw));
-            }
+            self.status = reap_now(self.pid)?;
         }
         Ok(self.status)
     }
 
     pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        loop {
-            if let Some(status) = self.try_wait()? {
-                return Ok(status);
-            }
-            let Some(pidfd) = &self.pidfd else {
-                return Err(std::io::Error::other("the helper's pidfd is gone"));
-            };
-            // Readable once the process has exited.
-            pidfd.readable().await?.clear_ready();
+        if let Some(status) = self.status {
+            return Ok(status);
         }
+        let Some(pidfd) = &self.pidfd else {
+            return Err(std::io::Error::other("the helper's pidfd is gone"));
+        };
+        let status = reap(self.pid, pidfd).await?;
+        self.status = Some(status);
+        Ok(status)
     }
 
     pub fn start_kill(&mut self) -> std::io::Result<()> {
@@ -151,18 +141,34 @@ impl Drop for HelperProcess {
         };
         let pid = self.pid;
         runtime.spawn(async move {
-            loop {
-                let mut raw = 0;
-                // SAFETY: waitpid on our own unreaped child, writing the status on this frame.
-                if unsafe { libc::waitpid(pid, &mut raw, libc::WNOHANG) } != 0 {
-                    return;
-                }
-                match pidfd.readable().await {
-                    Ok(mut ready) => ready.clear_ready(),
-                    Err(_) => return,
-                }
-            }
+            let _ = reap(pid, &pidfd).await;
         });
+    }
+}
+
+/// Reap `pid`, an unreaped child of this process, if it has exited.
+fn reap_now(pid: i32) -> std::io::Result<Option<std::process::ExitStatus>> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut raw = 0;
+    // SAFETY: waitpid on our own unreaped child, writing the status on this frame.
+    match unsafe { libc::waitpid(pid, &mut raw, libc::WNOHANG) } {
+        r if r < 0 => Err(std::io::Error::last_os_error()),
+        0 => Ok(None),
+        _ => Ok(Some(std::process::ExitStatus::from_raw(raw))),
+    }
+}
+
+/// Wait for `pid` (an unreaped child of this process, `pidfd` its pidfd) to exit, and reap it.
+async fn reap(
+    pid: i32,
+    pidfd: &tokio::io::unix::AsyncFd<OwnedFd>,
+) -> std::io::Result<std::process::ExitStatus> {
+    loop {
+        if let Some(status) = reap_now(pid)? {
+            return Ok(status);
+        }
+        // Readable once the process has exited.
+        pidfd.readable().await?.clear_ready();
     }
 }
 

@@ -3,7 +3,7 @@
 //! network as the server's user. Only for operators who chose it.
 
 use std::fs;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -100,7 +100,7 @@ fn run_in(
             let started = Instant::now();
             report.setup_us = started.duration_since(start).as_micros() as u64;
             let deadline = started + Duration::from_millis(spec.limits.timeout_ms);
-            let pidfd = pidfd_open(child).step(Step::OpenPidfd)?;
+            let pidfd = crate::helper::pidfd_open(child.as_raw()).step(Step::OpenPidfd)?;
             loop {
                 let now = Instant::now();
                 if now >= deadline {
@@ -130,16 +130,6 @@ fn run_in(
             collect(spec, &work, report)
         }
     }
-}
-
-fn pidfd_open(pid: Pid) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd we then own.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this fd to us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 fn wait4(pid: Pid) -> (i32, libc::rusage) {

@@ -2229,6 +2229,75 @@ fn descendants(root: u32) -> Vec<(u32, String)> {
     out
 }
 
+/// The children of `pid` that have exited and wait to be reaped (state `Z`).
+fn zombies_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`
+        let mut rest = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace());
+        let state = rest.as_mut().and_then(|r| r.next());
+        let ppid = rest.as_mut().and_then(|r| r.next());
+        if state == Some("Z") && ppid == Some(pid.to_string().as_str()) {
+            out.extend(e.file_name().to_string_lossy().parse::<u32>().ok());
+        }
+    }
+    out
+}
+
+/// Cold runs' helpers are started with `posix_spawn` and reaped by the server itself
+/// (through their pidfd; nothing else reaps them): after cold calls, and one cancelled
+/// while its program runs, no helper is left a zombie below the server.
+#[tokio::test]
+async fn cold_runs_leave_no_unreaped_helper() {
+    let d = Daemon::start(Opts {
+        config: "pool = {}\n",
+        ..Opts::default()
+    })
+    .await;
+    let pid = d.child.id().expect("pid");
+    let client = d.client(Some(ALICE)).await;
+    for i in 0..3 {
+        let r = call(
+            &client,
+            "execute_code",
+            json!({"language": "python", "code": format!("print({i} * 7)")}),
+        )
+        .await;
+        assert!(text(&r).contains(&(i * 7).to_string()), "{}", text(&r));
+    }
+    // A call dropped while its program runs: its helper is killed, then reaped too.
+    let slow = call(
+        &client,
+        "execute_code",
+        json!({"language": "python", "code": "import time; time.sleep(30)"}),
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(2), slow).await;
+    client.cancel().await.expect("close");
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let zombies = zombies_of(pid);
+        if zombies.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "unreaped children of the server: {zombies:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The Python processes below `pid` (a fork server, its helper, warm sandboxes).
+fn python_below(pid: u32) -> Vec<(u32, String)> {
+    descendants(pid)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("python"))
+        .collect()
+}
+
 /// Poll `/metrics` until it has every one of `needles`; the text. (A bound on waiting, not
 /// on speed.)
 async fn metrics_until_all(d: &Daemon, needles: &[&str]) -> String {
@@ -2263,10 +2332,7 @@ async fn the_pool_starts_filling_once_the_first_run_is_over() {
             None,
             "{first}: {m}"
         );
-        let python: Vec<_> = descendants(pid)
-            .into_iter()
-            .filter(|(_, cmd)| cmd.contains("python"))
-            .collect();
+        let python = python_below(pid);
         assert!(
             python.is_empty(),
             "{first}: built before any run: {python:?}"
@@ -2343,12 +2409,6 @@ async fn an_idle_pool_shrinks_to_its_minimum_and_rests_at_zero() {
         ],
     )
     .await;
-    let python_left = || {
-        descendants(pid)
-            .into_iter()
-            .filter(|(_, cmd)| cmd.contains("python"))
-            .collect::<Vec<_>>()
-    };
     let client = d.client(Some(ALICE)).await;
     let python = json!({"language": "python", "code": "print(6*7)"});
     for round in 0..2 {
@@ -2367,11 +2427,11 @@ async fn an_idle_pool_shrinks_to_its_minimum_and_rests_at_zero() {
         )
         .await;
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !python_left().is_empty() {
+        while !python_below(pid).is_empty() {
             assert!(
                 Instant::now() < deadline,
                 "round {round}: left behind at rest: {:?}\n{}",
-                python_left(),
+                python_below(pid),
                 d.stderr()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
