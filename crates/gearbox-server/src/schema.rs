@@ -19,6 +19,9 @@
 //!   (schemars' `Option` of a named type), becomes that schema with `null` added to its
 //!   `type` (and to its `enum`), when every other keyword of it applies to its type alone.
 //!
+//! [`without_nulls`] then takes `null` out of input schemas, which changes what they accept
+//! (an explicit `null` for an optional argument, which the server still takes).
+//!
 //! `bench`: the same result validates in ~90 µs and the schema is checked in ~13 ms
 //! (docs/PERFORMANCE.md).
 
@@ -325,6 +328,62 @@ fn nullable(map: &Map<String, Value>) -> Option<Map<String, Value>> {
     Some(merged)
 }
 
+/// An input schema without `null` (the portable form of tools' arguments: an optional
+/// argument is simply absent): `"type": [T, "null"]` becomes `T` (and `null` leaves its
+/// `enum`); a `{"type": "null"}` branch leaves an `anyOf`, and one branch left takes the
+/// union's place when none of its keywords but `anyOf` and annotations clashes with the
+/// node's (the node's win).
+pub(crate) fn without_nulls(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            single_type(map);
+            drop_null_branch(map);
+            map.values_mut().for_each(without_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_nulls),
+        _ => {}
+    }
+}
+
+/// `"type": [T, "null"]` → `"type": T`, and `null` out of the `enum`.
+fn single_type(map: &mut Map<String, Value>) {
+    let Some(Value::Array(types)) = map.get("type") else {
+        return;
+    };
+    if types.len() != 2 || !types.iter().any(|t| t == "null") {
+        return;
+    }
+    let Some(single) = types.iter().find(|t| *t != "null").cloned() else {
+        return;
+    };
+    map.insert("type".into(), single);
+    if let Some(Value::Array(values)) = map.get_mut("enum") {
+        values.retain(|v| !v.is_null());
+    }
+}
+
+/// `anyOf` without its `{"type": "null"}` branch; a single branch left is merged in.
+fn drop_null_branch(map: &mut Map<String, Value>) {
+    let Some(Value::Array(branches)) = map.get_mut("anyOf") else {
+        return;
+    };
+    branches.retain(|b| *b != serde_json::json!({"type": "null"}));
+    let [Value::Object(branch)] = branches.as_slice() else {
+        return;
+    };
+    let branch = branch.clone();
+    let clashes = branch
+        .keys()
+        .any(|k| map.contains_key(k) && !matches!(k.as_str(), "anyOf" | "description" | "title"));
+    if clashes {
+        return;
+    }
+    map.remove("anyOf");
+    for (k, v) in branch {
+        map.entry(k).or_insert(v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::compact;
@@ -447,6 +506,29 @@ mod tests {
                 tool.name
             );
         }
+    }
+
+    #[test]
+    fn input_schemas_lose_null() {
+        let mut v = json!({"type": "object", "properties": {
+            "a": {"type": ["string", "null"], "enum": ["x", null]},
+            "b": {"description": "B.", "anyOf": [
+                {"description": "B's forms.", "anyOf": [{"type": "boolean"}, {"type": "array"}]},
+                {"type": "null"}
+            ]},
+            "c": {"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]},
+            "d": {"default": 1, "anyOf": [{"type": "integer", "default": 2}, {"type": "null"}]}
+        }});
+        super::without_nulls(&mut v);
+        assert_eq!(
+            v["properties"],
+            json!({
+                "a": {"type": "string", "enum": ["x"]},
+                "b": {"description": "B.", "anyOf": [{"type": "boolean"}, {"type": "array"}]},
+                "c": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                "d": {"default": 1, "anyOf": [{"type": "integer", "default": 2}]}
+            })
+        );
     }
 
     #[test]

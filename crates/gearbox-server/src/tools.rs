@@ -263,10 +263,10 @@ const STANDARD_FORMATS: &[&str] = &[
 /// types (`uint64`, `int32`...), which strict validators (the TypeScript SDK's) warn about or
 /// refuse. They go; an unsigned integer keeps (or gets) `minimum: 0`. Then each schema is
 /// compacted (`schema.rs`: documented enums as `enum`, `$ref`s inlined), meaning unchanged.
-/// Last, every tool's input schema loses `"type": [T, "null"]` (and `null` in an `enum`):
-/// optional arguments are simply absent, and a single `type` maps onto every client's
-/// schema dialect (Gemini's OpenAPI subset included). Output schemas keep theirs: those
-/// fields really are `null` at times.
+/// Last, every tool's input schema loses `null` (`schema::without_nulls`): optional
+/// arguments are simply absent, and a single `type` maps onto every client's schema dialect
+/// (Gemini's OpenAPI subset included). Output schemas keep theirs: those fields really are
+/// `null` at times.
 fn standard_schemas(mut tool: Tool) -> Tool {
     fn walk(v: &mut serde_json::Value) {
         match v {
@@ -288,46 +288,6 @@ fn standard_schemas(mut tool: Tool) -> Tool {
             _ => {}
         }
     }
-    fn without_null(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(map) => {
-                if let Some(serde_json::Value::Array(types)) = map.get("type")
-                    && types.len() == 2
-                    && types.iter().any(|t| t == "null")
-                    && let Some(single) = types.iter().find(|t| *t != "null").cloned()
-                {
-                    map.insert("type".into(), single);
-                    if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
-                        values.retain(|v| !v.is_null());
-                    }
-                }
-                // A union with `null` (`anyOf: [{...}, {"type": "null"}]`, what an optional
-                // value of a type with several forms becomes) keeps its other branches; one
-                // left takes the union's place, under the union's own annotations.
-                let mut only = None;
-                if let Some(serde_json::Value::Array(branches)) = map.get_mut("anyOf") {
-                    branches.retain(|b| *b != serde_json::json!({"type": "null"}));
-                    if let [serde_json::Value::Object(branch)] = branches.as_slice() {
-                        only = Some(branch.clone());
-                    }
-                }
-                if let Some(branch) = only
-                    && branch.keys().all(|k| {
-                        !map.contains_key(k)
-                            || matches!(k.as_str(), "anyOf" | "description" | "title")
-                    })
-                {
-                    map.remove("anyOf");
-                    for (k, v) in branch {
-                        map.entry(k).or_insert(v);
-                    }
-                }
-                map.values_mut().for_each(without_null);
-            }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(without_null),
-            _ => {}
-        }
-    }
     fn fix(
         schema: &std::sync::Arc<rmcp::model::JsonObject>,
         input: bool,
@@ -336,7 +296,7 @@ fn standard_schemas(mut tool: Tool) -> Tool {
         walk(&mut v);
         crate::schema::compact(&mut v);
         if input {
-            without_null(&mut v);
+            crate::schema::without_nulls(&mut v);
         }
         match v {
             serde_json::Value::Object(map) => std::sync::Arc::new(map),
