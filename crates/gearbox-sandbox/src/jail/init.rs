@@ -10,7 +10,7 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
 use nix::sys::wait::WaitStatus;
 use seccompiler::BpfProgram;
 
-use super::message::{GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
+use super::message::{GO_BUILD, GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
 use super::{SANDBOX_ID, mount, program};
 use crate::step::{AtStep, Step, StepError};
 use crate::wire::{JailSpec, Pooled, read_handover};
@@ -25,10 +25,9 @@ pub fn main(
     spec: &JailSpec,
     env: &[(String, String)],
     files: Vec<Vec<u8>>,
-    go_r: OwnedFd,
+    go: OwnedFd,
     st_w: OwnedFd,
     filters: &[BpfProgram],
-    tasks: Option<Vec<OwnedFd>>,
 ) -> ! {
     // Our copy of the report fd must not stay open in the sandbox.
     // SAFETY: closing an fd number we do not otherwise use in this process.
@@ -36,31 +35,20 @@ pub fn main(
     if super::die_with_parent(0).is_err() {
         exit(1);
     }
-    // Wait for the helper: id maps written, cgroup joined. EOF means it died.
-    let mut go = [0u8; 1];
-    if !matches!(nix::unistd::read(&go_r, &mut go), Ok(1)) {
+    // Wait for the helper: id maps written. EOF means it died.
+    let mut byte = [0u8; 1];
+    if !matches!(nix::unistd::read(&go, &mut byte), Ok(1)) || byte[..] != *GO_BUILD {
         exit(1);
     }
-    // Into the run's cgroup first (v1: the helper opened each hierarchy's `tasks` file, see
-    // `Cgroup::open_tasks`), so that everything init builds is charged to the run.
-    if let Some(tasks) = tasks {
-        let joined = crate::cgroup::join_self(&tasks);
-        drop(tasks);
-        if let Err(e) = joined {
-            fail(&st_w, StepError::new(Step::JoinCgroup, e));
-        }
-    }
     let t0 = std::time::Instant::now();
-    if let Err(e) = setup(spec, files) {
-        fail(&st_w, e);
-    }
-    // Wait for the cgroup: the program must start inside it.
-    let have_cgroup = match nix::unistd::read(&go_r, &mut go) {
-        Ok(1) if go[..] == *GO_RUN_CGROUP => true,
-        Ok(1) if go[..] == *GO_RUN_RLIMITS => false,
-        _ => exit(1),
+    // The mounts first, while the helper creates the run's cgroup; then into the cgroup
+    // (v1: through the `tasks` files that come with the go, see `Cgroup::open_tasks`)
+    // before anything a request brings is written, so that its files are charged to the run.
+    let have_cgroup = match setup(spec, &go, files) {
+        Ok(have_cgroup) => have_cgroup,
+        Err(e) => fail(&st_w, e),
     };
-    drop(go_r);
+    drop(go);
     // A cgroup namespace rooted at the run's own cgroup (joined just now), so the program
     // sees "/" and nothing of the host's cgroup tree.
     if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
@@ -355,8 +343,11 @@ fn exec_fork_server(
     }
 }
 
-/// Become the sandbox user (keeping capabilities inside the namespace), then build the root.
-fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
+/// Become the sandbox user (keeping capabilities inside the namespace), then build the root:
+/// its mounts, then (once the helper's second go says whether there is a cgroup, and init
+/// has joined it) the request's files and the switch to the new root. Returns whether the
+/// program's memory is capped by a cgroup.
+fn setup(spec: &JailSpec, go: &OwnedFd, files: Vec<Vec<u8>>) -> Result<bool, StepError> {
     let id = SANDBOX_ID;
     nix::unistd::setresgid(Gid::from_raw(id), Gid::from_raw(id), Gid::from_raw(id))
         .step(Step::BecomeSandboxGroup)?;
@@ -365,10 +356,47 @@ fn setup(spec: &JailSpec, files: Vec<Vec<u8>>) -> Result<(), StepError> {
     // Changing credentials clears the parent-death signal: set it again, so that a helper
     // killed from now on still takes init (and with it the whole pid namespace) along.
     super::die_with_parent(0).step(Step::TieInitToHelper)?;
-    mount::build_root(spec, &files)?;
+    let mounts = mount::build_mounts(spec)?;
+    let (byte, tasks) = recv_go(go).step(Step::JoinCgroup)?;
+    let have_cgroup = match &byte[..] {
+        b if b == GO_RUN_CGROUP => true,
+        b if b == GO_RUN_RLIMITS => false,
+        // EOF or anything else: the helper died or failed.
+        _ => exit(1),
+    };
+    // The helper opened the `tasks` files: the kernel checks its credentials, not ours.
+    crate::cgroup::join_self(&tasks).map_err(|e| StepError::new(Step::JoinCgroup, e))?;
+    drop(tasks);
+    mount::finish_root(spec, mounts, &files)?;
     nix::unistd::sethostname(crate::restriction::HOSTNAME).step(Step::SetHostname)?;
     loopback_up().step(Step::BringUpLoopback)?;
-    Ok(())
+    Ok(have_cgroup)
+}
+
+/// The helper's second go byte and the descriptors sent with it (none at EOF).
+fn recv_go(go: &OwnedFd) -> std::io::Result<([u8; 1], Vec<OwnedFd>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 8]);
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let msg = recvmsg::<()>(
+        go.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            // SAFETY: the kernel just installed these descriptors in this process for us.
+            fds.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    Ok((byte, fds))
 }
 
 fn fail(st_w: &OwnedFd, e: StepError) -> ! {

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -48,24 +49,8 @@ pub fn run(
     let filters = seccomp::compile().step(Step::LoadSeccompFilters)?;
     mark(report, "seccomp filters loaded");
     let env = crate::wire::with_display_env(crate::wire::program_env(&spec.env, "/work", "/tmp"));
-    // On v1 hierarchies the run's cgroup exists before init does and init moves itself in
-    // (`Cgroup::open_tasks`): no RCU wait, no host-wide stall of forks; elsewhere the
-    // helper moves init below, while init builds the root.
-    let mut cgroup = None;
-    let mut tasks = None;
-    if root {
-        match Cgroup::create(&spec.limits) {
-            Ok(cg) => {
-                // A `tasks` file that cannot be opened: the helper moves init instead.
-                tasks = cg.open_tasks().and_then(Result::ok);
-                cgroup = Some(cg);
-            }
-            Err(e) => report.enforced.push(format!("cgroup: unavailable ({e})")),
-        }
-    }
-    let joins_itself = tasks.is_some();
-    mark(report, "cgroup created");
-    let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateSyncPipe)?;
+    // The go messages travel on a socket: the second carries the cgroup's `tasks` files.
+    let (go_init, go) = UnixStream::pair().step(Step::CreateSyncPipe)?;
     let (st_r, st_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateStatusPipe)?;
 
     // A network namespace of its own for every run, granted or not: the host's stack, its
@@ -95,31 +80,37 @@ pub fn run(
         return Err(StepError::new(Step::CloneIntoNewNamespaces, e.to_string()).into());
     }
     if pid == 0 {
-        drop(go_w);
+        drop(go);
         drop(st_r);
-        init::main(spec, &env, files, go_r, st_w, &filters, tasks);
+        init::main(spec, &env, files, OwnedFd::from(go_init), st_w, &filters);
     }
-    drop(tasks);
     let init_pid = Pid::from_raw(pid as i32);
     mark(report, "cloned");
-    drop(go_r);
+    drop(go_init);
     drop(st_w);
 
-    // Where init does not join its cgroup itself, it builds the root while we move it in:
-    // moving another process between cgroups may wait for an RCU grace period
-    // (milliseconds), so it overlaps the mounts.
+    // Init builds the mounts of its root while we create its cgroup; it waits for the second
+    // go before it writes anything a request brings (`init::main`). On v1 the go carries the
+    // open `tasks` files and init moves itself in (`Cgroup::open_tasks`: no RCU wait, no
+    // host-wide stall of forks); elsewhere we move it, which may wait for an RCU grace
+    // period (milliseconds) and so overlaps the mounts too.
+    let mut cgroup = None;
     let released = (|| -> Result<(), StepError> {
         write_id_maps(init_pid, outer_uid, outer_gid)?;
-        nix::unistd::write(&go_w, GO_BUILD).step(Step::ReleaseInit)?;
+        (&go).write_all(GO_BUILD).step(Step::ReleaseInit)?;
         mark(report, "released");
-        if let Some(cg) = cgroup.take() {
-            let joined = if joins_itself {
-                Ok(())
-            } else {
-                cg.attach(init_pid.as_raw())
-            };
-            match joined {
-                Ok(()) => {
+        let mut tasks = Vec::new();
+        if root {
+            let made = Cgroup::create(&spec.limits).and_then(|cg| {
+                match cg.open_tasks() {
+                    Some(Ok(files)) => tasks = files,
+                    // A `tasks` file that cannot be opened: we move init instead.
+                    _ => cg.attach(init_pid.as_raw())?,
+                }
+                Ok(cg)
+            });
+            match made {
+                Ok(cg) => {
                     report.enforced.extend(cg.describe());
                     cgroup = Some(cg);
                 }
@@ -127,13 +118,12 @@ pub fn run(
             }
         }
         mark(report, "cgroup joined");
-        let go = if cgroup.is_some() {
+        let go_run = if cgroup.is_some() {
             GO_RUN_CGROUP
         } else {
             GO_RUN_RLIMITS
         };
-        nix::unistd::write(&go_w, go).step(Step::StartProgram)?;
-        Ok(())
+        send_go(&go, go_run, &tasks).step(Step::StartProgram)
     })();
     if let Err(e) = released {
         let _ = kill(init_pid, Signal::SIGKILL);
@@ -216,6 +206,23 @@ pub fn run(
     super::release_caller();
     super::send_report(report, &trailer);
     drop(cgroup);
+    Ok(())
+}
+
+/// Send init a go byte, with `fds` (the cgroup's `tasks` files) attached.
+fn send_go(go: &UnixStream, byte: &[u8], fds: &[OwnedFd]) -> std::io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    let raw: Vec<std::os::fd::RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let rights = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &rights };
+    sendmsg::<()>(
+        go.as_raw_fd(),
+        &[std::io::IoSlice::new(byte)],
+        cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
     Ok(())
 }
 

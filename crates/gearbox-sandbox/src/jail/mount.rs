@@ -40,7 +40,15 @@ const ETC_ENTRIES: &[&str] = &[
 /// configuration: names are resolved by the proxy, never inside the sandbox.
 const ETC_NETWORK_ENTRIES: &[&str] = &["ssl", "ca-certificates"];
 
-pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
+/// The root's mounts, before anything of the request is written into them: the host's
+/// directories, /etc, /proc, /dev and the scratch tmpfs. [`finish_root`] completes it.
+pub struct Mounts {
+    /// The server's mounts, opened before the new root covered their paths.
+    sources: Vec<(PathBuf, fs::File)>,
+}
+
+/// Mount the new root's file systems (the first half of building it; see [`finish_root`]).
+pub fn build_mounts(spec: &JailSpec) -> Result<Mounts, StepError> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
         .step(Step::MakeMountsPrivate)?;
@@ -48,7 +56,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     // new root covers NEWROOT (/tmp): one under /tmp, as the broker's is by default when the
     // server is unprivileged, would be hidden otherwise. They are bound through these
     // descriptors below. A path that does not exist is skipped, as before.
-    let sources: Vec<(&Path, fs::File)> = spec
+    let sources: Vec<(PathBuf, fs::File)> = spec
         .mounts
         .iter()
         .filter_map(|m| {
@@ -57,7 +65,7 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
                 .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
                 .open(m)
                 .ok()
-                .map(|f| (m.as_path(), f))
+                .map(|f| (m.clone(), f))
         })
         .collect();
     mount(
@@ -77,6 +85,15 @@ pub fn build_root(spec: &JailSpec, files: &[Vec<u8>]) -> Result<(), StepError> {
     build_proc(root, spec.pooled.as_ref().is_some_and(|p| p.fork_server))?;
     build_dev(root)?;
     build_scratch(root, spec.limits.disk_mb)?;
+    Ok(Mounts { sources })
+}
+
+/// Write the request's files and the launchers, bind the server's mounts, and switch to the
+/// new root, read-only.
+pub fn finish_root(spec: &JailSpec, mounts: Mounts, files: &[Vec<u8>]) -> Result<(), StepError> {
+    let none: Option<&str> = None;
+    let root = Path::new(NEWROOT);
+    let sources = mounts.sources;
     write_files(&root.join("work"), &spec.files, files)?;
     let node = inside(root, Path::new(crate::wire::NODE_HELPERS));
     fs::create_dir_all(&node).step(Step::WritePythonHelpers)?;

@@ -438,3 +438,28 @@ async fn a_server_mount_under_tmp_is_visible_over_the_runs_tmp() {
     assert_eq!(o.status, Status::Ok, "{o:?}");
     assert_eq!(o.stdout, "from the host\nmine\nread-only\n", "{o:?}");
 }
+
+/// A request's files are written into the sandbox only once init has joined the run's
+/// cgroup, so they count against the run's memory like anything the program writes: on the
+/// cold path the helper creates the cgroup while init mounts the root, and init waits for it
+/// before the files (a warm sandbox writes them at hand-over, inside its cgroup already).
+#[tokio::test]
+async fn a_requests_files_count_against_its_memory() {
+    let size = 24usize << 20;
+    let o = run("python", "import os\nprint(os.path.getsize('big.txt'))")
+        .file("big.txt", &"x".repeat(size))
+        .go()
+        .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout.trim(), size.to_string());
+    // Only a cgroup charges file pages to the run; sampling measures processes.
+    if o.usage.memory_limit.as_deref() != Some("cgroup") {
+        return;
+    }
+    let peak = o.usage.peak_memory_kb.expect("a peak from the cgroup");
+    assert!(
+        peak >= (size as u64) >> 10,
+        "peak {peak} KiB with {} KiB of files",
+        size >> 10
+    );
+}
