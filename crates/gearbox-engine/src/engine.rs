@@ -179,16 +179,6 @@ impl Engine {
             if self.config.backend != BackendKind::Linux {
                 return;
             }
-            self.pool
-                .set_fork_server_life(gearbox_sandbox::ForkServerLife {
-                    max_runs: self.config.pool.fork_server_max_runs.max(1),
-                    max_age: std::time::Duration::from_secs(
-                        self.config.pool.fork_server_max_age_secs.max(1),
-                    ),
-                });
-            self.pool.set_idle(self.config.pool.idle());
-            self.pool
-                .set_max_total(self.config.pool.max_total(&self.config.concurrency));
             // The first language fills first, the others once it has a sandbox ready (or
             // after `STAGGER_MAX`): on two cores, three fork servers starting together made
             // a call that came right after launch wait for all of them (bench/cold_start.py).
@@ -226,9 +216,20 @@ impl Engine {
                 }
             }
             if now.is_empty() && later.is_empty() {
-                // No language to keep (`gearbox run`, `pool = {}`): nothing to wait for.
+                // No language to keep (`gearbox run`, `pool = {}`): nothing to wait for, and
+                // nothing to size (the total reads the host's CPU quota).
                 return;
             }
+            self.pool
+                .set_fork_server_life(gearbox_sandbox::ForkServerLife {
+                    max_runs: self.config.pool.fork_server_max_runs.max(1),
+                    max_age: std::time::Duration::from_secs(
+                        self.config.pool.fork_server_max_age_secs.max(1),
+                    ),
+                });
+            self.pool.set_idle(self.config.pool.idle());
+            self.pool
+                .set_max_total(self.config.pool.max_total(&self.config.concurrency));
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 // Nothing can be built outside a runtime anyway: keep them all now.
                 for (job, min, max) in now.into_iter().chain(later) {

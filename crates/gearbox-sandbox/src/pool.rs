@@ -504,7 +504,7 @@ impl WarmPool {
         if let Some(w) = self.take(job, true) {
             return Some(w);
         }
-        let k = key(job)?;
+        let k = self.key_of(job)?;
         let deadline = tokio::time::Instant::now() + FORK_WAIT;
         loop {
             let notified = self.filled.notified();
@@ -533,7 +533,7 @@ impl WarmPool {
 
     /// A warm sandbox for `job`, if one is ready. `count_miss`: a miss raises the target.
     fn take(self: &Arc<Self>, job: &Job, count_miss: bool) -> Option<Warm> {
-        let k = key(job)?;
+        let k = self.key_of(job)?;
         let taken = {
             let mut keys = self.keys();
             let pool = keys.get_mut(&k)?;
@@ -592,8 +592,13 @@ impl WarmPool {
         taken
     }
 
-    /// The pool key serving `job`, for [`WarmPool::refill`].
+    /// The pool key serving `job`, for [`WarmPool::refill`]; none when the pool keeps
+    /// nothing (`gearbox run`, `pool = {}`), without computing it (whether a fork server
+    /// serves the job reads the host's cgroup mounts).
     pub(crate) fn key_of(&self, job: &Job) -> Option<String> {
+        if self.keys().is_empty() {
+            return None;
+        }
         key(job)
     }
 
