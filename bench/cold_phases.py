@@ -18,6 +18,7 @@ Each run's phases, by the processes they start or end:
 Needs root and `perf`. Standard library otherwise.
 """
 import argparse
+import random
 import os
 import re
 import statistics
@@ -93,14 +94,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gearbox", action="append", help="a gearbox binary (repeat)")
     ap.add_argument("-n", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     builds = [str(Path(g).resolve()) for g in (args.gearbox or [ROOT / "target/release/gearbox"])]
     with tempfile.TemporaryDirectory() as d:
         prog = Path(d) / "main.py"
         prog.write_text("print(1)\n")
-        body = "; ".join([f"{b} run {prog} >/dev/null" for b in builds]
-                         + [f"{BARE} -c 'print(1)' >/dev/null"])
-        loop = f"for i in $(seq {args.n}); do {body}; done"
+        # A fresh random order every round: no build always follows another.
+        rng = random.Random(args.seed)
+        cmds = [f"{b} run {prog} >/dev/null" for b in builds] + [f"{BARE} -c 'print(1)' >/dev/null"]
+        loop = "\n".join(c for _ in range(args.n) for c in rng.sample(cmds, len(cmds)))
         data = Path(d) / "perf.data"
         subprocess.run(
             ["perf", "record", "-q", "-a", "-o", str(data), "-e", "sched:sched_process_exec",

@@ -12,10 +12,14 @@ give a directory holding only a link to gearbox as well:
     mkdir -p /tmp/alone && ln -sf $PWD/target/release/gearbox /tmp/alone/gearbox
     /usr/bin/python3 bench/cold_run.py --gearbox target/release/gearbox --gearbox /tmp/alone/gearbox
 
-Bare and gearbox runs alternate, so machine noise hits all of them alike; the ratio is each
-median over the bare interpreter's median in the same run.
+Bare and gearbox runs alternate, in a fresh random order every round (no build always
+follows another, or the bare interpreter), so machine noise hits all of them alike; the ratio
+is each median over the bare interpreter's median in the same run. Compare copies made at
+the same time (`cp` both builds into fresh directories just before): a copy of one build made
+an hour earlier measured 1 ms slower than a fresh copy of the same file, in the same run.
 """
 import argparse
+import random
 import statistics
 import subprocess
 import tempfile
@@ -49,7 +53,9 @@ def main():
     ap.add_argument("--gearbox", action="append")
     ap.add_argument("--language", default="python", choices=sorted(CASES))
     ap.add_argument("-n", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
+    rng = random.Random(a.seed)
     gearboxes = a.gearbox or [str(root / "target" / "release" / "gearbox")]
     bare, name, code = CASES[a.language]
     with tempfile.TemporaryDirectory() as d:
@@ -60,7 +66,7 @@ def main():
             timed(c)
         times = {label: [] for label, _ in cmds}
         for _ in range(a.n):
-            for label, c in cmds:
+            for label, c in rng.sample(cmds, len(cmds)):
                 times[label].append(timed(c))
     base = statistics.median(times["bare"])
     print(f"| {a.language} `print(1)`-like, n={a.n} | median ms | p90 ms | ratio to bare |")

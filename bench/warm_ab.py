@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A/B of warm runs: latency and machine CPU per run of one or more gearbox builds (or one
-build under different environments), interleaved (A, B, A, B, ...) so that a noisy machine
+build under different environments), interleaved (each round in a random order) so that a noisy machine
 disturbs both alike.
 
     /usr/bin/python3 bench/warm_ab.py --gearbox old/gearbox --gearbox new/gearbox [-n 300] [--rounds 3]
@@ -16,6 +16,7 @@ root, so the fork servers are used. `--cold` measures cold calls instead (`pool 
 fresh helper, sandbox and interpreter per call).
 """
 import argparse
+import random
 import os
 import statistics
 import sys
@@ -62,8 +63,10 @@ def main():
     ap.add_argument("--cold", action="store_true", help="no pool: every call starts cold")
     a = ap.parse_args()
     results = {g: [] for g in a.gearbox}
+    rng = random.Random(1)
     for _ in range(a.rounds):
-        for g in a.gearbox:
+        # Each round in a fresh random order: none of the builds always follows another.
+        for g in rng.sample(a.gearbox, len(a.gearbox)):
             results[g].append(measure(g, a.n, a.language, a.cold))
     print(f"{'build':<50} {'median ms':>10} {'CPU/run ms':>11}  (per round)")
     for g, rs in results.items():
