@@ -9,8 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages: Go for the `go` language, python3-venv for the MCP end-to-end client,
-# util-linux for setpriv (unprivileged test run), runc for the pod-profile check.
-PACKAGES=(golang-go python3-venv util-linux ca-certificates runc)
+# util-linux for setpriv (unprivileged test run), runc for the pod-profile check, libc6-dev
+# for the static sandbox helper (scripts/static-helper.sh).
+PACKAGES=(golang-go python3-venv util-linux ca-certificates runc libc6-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -39,5 +40,7 @@ fi
 
 if [ -z "${GEARBOX_SKIP_BUILD:-}" ]; then
     cargo build --release --locked -p gearbox
-    echo "setup: built $(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/gearbox (and its sandbox helper gearbox-jail beside it)" >&2
+    # The sandbox helper, linked statically: every sandbox starts one.
+    bash scripts/static-helper.sh --release >/dev/null
+    echo "setup: built $(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/gearbox (and its sandbox helper gearbox-jail beside it, linked statically)" >&2
 fi

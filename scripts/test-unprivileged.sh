@@ -14,11 +14,13 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 dir=$(mktemp -d /tmp/gearbox-unpriv-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 cp "$bin" "$dir/sandbox-tests"
-cp "$target_dir/debug/gearbox" "$target_dir/debug/gearbox-jail" "$dir/"
+cp "$target_dir/debug/gearbox" "$dir/"
+# The helper linked statically, as scripts/setup.sh installs it.
+cp "$(bash scripts/static-helper.sh)" "$dir/gearbox-jail"
 mkdir "$dir/tmp"
 chmod 755 "$dir" "$dir/sandbox-tests" "$dir/gearbox" "$dir/gearbox-jail"
 chmod 1777 "$dir/tmp"
 cd "$dir"
 setpriv --reuid=65534 --regid=65534 --clear-groups \
     env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$dir/tmp" TMPDIR="$dir/tmp" \
-    GEARBOX_BIN="$dir/gearbox" ./sandbox-tests --test-threads=2
+    GEARBOX_BIN="$dir/gearbox" GEARBOX_EXPECT_STATIC_HELPER=1 ./sandbox-tests --test-threads=2

@@ -42,8 +42,16 @@ if [ -n "${GEARBOX_DOCKER_REQUIRED:-}" ] && [ -n "$(docker ps -aq --filter label
     echo "docker: containers left behind:"; docker ps -a --filter label=dev.gearbox.backend=docker; exit 1
 fi
 
-echo "== sandbox suite again, every default-limits run through a warm (pooled) sandbox"
-GEARBOX_TEST_POOL=1 cargo test --workspace --test sandbox --locked
+echo "== sandbox suite again, every default-limits run through a warm (pooled) sandbox, with the"
+echo "   helper linked statically as scripts/setup.sh installs it (the pass above: dynamically)"
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+static_dir=$(mktemp -d /tmp/gearbox-static-XXXXXX)
+trap 'rm -rf "$static_dir"' EXIT
+cargo build --locked -p gearbox
+cp "$target_dir/debug/gearbox" "$static_dir/"
+cp "$(bash scripts/static-helper.sh)" "$static_dir/gearbox-jail"
+GEARBOX_TEST_POOL=1 GEARBOX_BIN="$static_dir/gearbox" GEARBOX_EXPECT_STATIC_HELPER=1 \
+    cargo test --workspace --test sandbox --locked
 
 if [ "$(id -u)" -eq 0 ]; then
     echo "== sandbox suite as an unprivileged user"
@@ -51,7 +59,6 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 
 echo "== end-to-end: official MCP Python SDK over stdio"
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 .venv/bin/python tests/e2e/mcp_client.py --gearbox "$target_dir/debug/gearbox"
 
 echo "== end-to-end: official MCP Python SDK over HTTP (Streamable HTTP and SSE)"

@@ -37,10 +37,44 @@ async fn the_lean_helper_beside_gearbox_serves_runs() {
         "{} is not built beside the binary under test",
         lean.display()
     );
+    // The passes that install the helper as `scripts/setup.sh` does (linked statically by
+    // `scripts/static-helper.sh`) say so: this suite then runs on that helper.
+    if std::env::var_os("GEARBOX_EXPECT_STATIC_HELPER").is_some() {
+        assert_eq!(
+            dynamic_loader(&lean),
+            None,
+            "{} is not linked statically",
+            lean.display()
+        );
+    }
     let engine = cold_engine(&gearbox_bin());
     assert_eq!(engine.helper(), lean);
     let o = exec(&engine, run("python", "print(6 * 7)").req).await;
     assert_eq!((o.status, o.stdout.as_str()), (Status::Ok, "42\n"), "{o:?}");
+}
+
+/// The dynamic loader an ELF64 executable names (its `PT_INTERP` program header), if any.
+fn dynamic_loader(path: &Path) -> Option<String> {
+    let elf = std::fs::read(path).expect("read the helper");
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let u64_at = |o: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&elf[o..o + 8]);
+        u64::from_le_bytes(b) as usize
+    };
+    assert_eq!(&elf[..5], b"\x7fELF\x02", "not an ELF64 file");
+    let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
+    (0..phnum).find_map(|i| {
+        let ph = phoff + i * phentsize;
+        let kind = u32::from_le_bytes([elf[ph], elf[ph + 1], elf[ph + 2], elf[ph + 3]]);
+        // PT_INTERP: p_offset at 8, p_filesz at 32.
+        (kind == 3).then(|| {
+            let (off, len) = (u64_at(ph + 8), u64_at(ph + 32));
+            String::from_utf8_lossy(&elf[off..off + len])
+                .trim_end_matches('\0')
+                .to_string()
+        })
+    })
 }
 
 #[tokio::test]
