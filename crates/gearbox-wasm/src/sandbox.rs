@@ -189,7 +189,7 @@ impl WasmSandbox {
     /// Run `job` on the calling thread. Blocks until the program ends; prefer
     /// [`Sandbox::run`] from async code. `cancel` stops the run within one epoch tick.
     pub fn run_blocking(&self, job: &Job, cancel: Arc<AtomicBool>) -> Outcome {
-        self.inner.run(job, cancel)
+        self.inner.run(job, cancel).0
     }
 }
 
@@ -397,12 +397,24 @@ impl Sandbox for WasmSandbox {
         Box::pin(async move {
             let cancel = Arc::new(AtomicBool::new(false));
             let _guard = CancelOnDrop(cancel.clone());
-            tokio::task::spawn_blocking(move || inner.run(&job, cancel))
-                .await
-                .map_err(|e| SandboxError::Setup {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            // The answer leaves before the run's store is dropped: resetting the instance's
+            // memory slot (tens of µs) happens beside the reply, not before it.
+            let task = tokio::task::spawn_blocking(move || {
+                let (outcome, leftover) = inner.run(&job, cancel);
+                let _ = tx.send(outcome);
+                drop(leftover);
+            });
+            match rx.await {
+                Ok(outcome) => Ok(outcome),
+                Err(_) => Err(SandboxError::Setup {
                     step: "wasm run task".into(),
-                    message: e.to_string(),
-                })
+                    message: match task.await {
+                        Err(e) => e.to_string(),
+                        Ok(()) => "the run ended without an outcome".into(),
+                    },
+                }),
+            }
         })
     }
 
@@ -421,7 +433,7 @@ impl Sandbox for WasmSandbox {
         };
         let mut job = probe_job();
         job.files[0].content = b"console.log(6 * 7)".to_vec();
-        let out = self.inner.run(&job, Arc::new(AtomicBool::new(false)));
+        let out = self.inner.run(&job, Arc::new(AtomicBool::new(false))).0;
         let available = out.status == Status::Ok && out.stdout == "42\n";
         let mut details = vec![
             "javascript only: QuickJS (quickjs-ng, rquickjs 0.14) compiled to wasm32-wasip1, run by wasmtime 48".to_string(),
@@ -497,28 +509,49 @@ fn guest_argv(job: &Job, code: &str, workspace: bool, prelude: Option<&str>) -> 
     argv
 }
 
+/// What a finished run still holds once its outcome is made: dropped after the outcome is
+/// on its way. The store goes first (its instance's memory slot is reset then), the
+/// workspace next, and the slot is given back last.
+struct Leftover<'a> {
+    _store: Store<RunState>,
+    _workspace: Option<Workspace>,
+    _slot: Slot<'a>,
+}
+
 impl Inner {
-    fn run(&self, job: &Job, cancel: Arc<AtomicBool>) -> Outcome {
+    /// Run `job`; the outcome, and what to drop once it has been handed on.
+    fn run(&self, job: &Job, cancel: Arc<AtomicBool>) -> (Outcome, Option<Leftover<'_>>) {
         let setup = Instant::now();
         let lang = job.language.as_str();
         let backend = BackendKind::Wasm.as_str();
         if lang != "javascript" {
-            return Outcome::denied(
-                lang,
-                backend,
-                format!("the wasm backend runs javascript only, not {lang}; use the linux backend"),
+            return (
+                Outcome::denied(
+                    lang,
+                    backend,
+                    format!(
+                        "the wasm backend runs javascript only, not {lang}; use the linux backend"
+                    ),
+                ),
+                None,
             );
         }
         let Some(entry) = job.files.first() else {
-            return Outcome::failed_to_start(lang, backend, "no program given");
+            return (
+                Outcome::failed_to_start(lang, backend, "no program given"),
+                None,
+            );
         };
         let code = match std::str::from_utf8(&entry.content) {
             Ok(c) => c,
             Err(e) => {
-                return Outcome::failed_to_start(
-                    lang,
-                    backend,
-                    format!("the program is not valid UTF-8: {e}"),
+                return (
+                    Outcome::failed_to_start(
+                        lang,
+                        backend,
+                        format!("the program is not valid UTF-8: {e}"),
+                    ),
+                    None,
                 );
             }
         };
@@ -528,10 +561,13 @@ impl Inner {
             match Workspace::create(&job.files) {
                 Ok(w) => Some(w),
                 Err(e) => {
-                    return Outcome::failed_to_start(
-                        lang,
-                        backend,
-                        format!("writing the workspace failed: {e}"),
+                    return (
+                        Outcome::failed_to_start(
+                            lang,
+                            backend,
+                            format!("writing the workspace failed: {e}"),
+                        ),
+                        None,
                     );
                 }
             }
@@ -564,10 +600,13 @@ impl Inner {
         if let Some(w) = &workspace
             && let Err(e) = wasi.preopened_dir(w.path(), ".", FsPerms::ReadOnly)
         {
-            return Outcome::failed_to_start(
-                lang,
-                backend,
-                format!("preopening the workspace failed: {e}"),
+            return (
+                Outcome::failed_to_start(
+                    lang,
+                    backend,
+                    format!("preopening the workspace failed: {e}"),
+                ),
+                None,
             );
         }
 
@@ -600,21 +639,24 @@ impl Inner {
             Err(wasmtime::Error::new(Interrupted))
         });
 
-        let Some(_slot) = self
+        let Some(slot) = self
             .slots
             .acquire(Instant::now() + timeout, &store.data().cancel)
         else {
-            return Outcome::failed_to_start(
-                lang,
-                backend,
-                format!(
-                    "all {} wasm instance slots stayed busy for the run's wall-clock limit, or \
+            return (
+                Outcome::failed_to_start(
+                    lang,
+                    backend,
+                    format!(
+                        "all {} wasm instance slots stayed busy for the run's wall-clock limit, or \
                      the run was cancelled while it waited",
-                    crate::module::INSTANCE_SLOTS
+                        crate::module::INSTANCE_SLOTS
+                    ),
                 ),
+                None,
             );
         };
-        let _active = self.ticker.active();
+        let active = self.ticker.active();
         let setup_us = setup.elapsed().as_micros() as u64;
         let started = Instant::now();
         store.data_mut().deadline = started + timeout;
@@ -629,8 +671,8 @@ impl Inner {
             (Some(a), Some(b)) => Some(b.saturating_sub(a).as_millis() as u64),
             _ => None,
         };
-        let state = store.into_data();
-        drop(workspace);
+        drop(active);
+        let state = store.data();
 
         let out = stdout.finish();
         let err = stderr.finish();
@@ -660,9 +702,14 @@ impl Inner {
         };
         match result {
             Ok(()) => outcome.exit_code = Some(0),
-            Err(e) => classify(&mut outcome, &e, &state, job),
+            Err(e) => classify(&mut outcome, &e, state, job),
         }
-        outcome
+        let leftover = Leftover {
+            _store: store,
+            _workspace: workspace,
+            _slot: slot,
+        };
+        (outcome, Some(leftover))
     }
 }
 
