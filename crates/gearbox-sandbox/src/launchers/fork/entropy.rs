@@ -48,40 +48,73 @@ fn openssl_symbol(name: &std::ffi::CStr) -> *mut c_void {
     std::ptr::null_mut()
 }
 
-/// Reseed OpenSSL's primary, public and private generators (OpenSSL 3), each with fresh
-/// entropy from its parent and fresh additional input from the kernel. Nothing to do where
-/// no OpenSSL is loaded; an OpenSSL that is loaded but cannot be reseeded is an error.
-pub(crate) fn renew_openssl() -> Result<(), Fail> {
-    let reseed = openssl_symbol(c"EVP_RAND_reseed");
-    let getters = [
-        openssl_symbol(c"RAND_get0_primary"),
-        openssl_symbol(c"RAND_get0_public"),
-        openssl_symbol(c"RAND_get0_private"),
-    ];
-    if reseed.is_null() && getters.iter().all(|g| g.is_null()) {
-        if !openssl_symbol(c"RAND_bytes").is_null() {
-            // An OpenSSL without these (1.1) keeps generators we cannot renew.
-            return Err(Fail::new("renew OpenSSL's random generators", EIO));
+/// OpenSSL's generators in this process, looked up once, by the fork server before it
+/// serves: a program is a fork that runs nothing of its own before it renews them, so it has
+/// the fork server's libraries loaded, no more (the look-up is a `dlsym` and two `dlopen`
+/// probes per symbol, each reading the loader's cache, ~16 file opens per program).
+pub(crate) enum OpenSsl {
+    /// No OpenSSL loaded: nothing to renew.
+    Absent,
+    /// An OpenSSL without OpenSSL 3's reseeding functions (1.1), or with part of them:
+    /// generators that cannot be renewed, so no program runs.
+    Unrenewable,
+    /// OpenSSL 3: its reseed function and the getters of its primary, public and private
+    /// generators.
+    Renewable {
+        reseed: RandReseed,
+        getters: [RandGet0; 3],
+    },
+}
+
+impl OpenSsl {
+    pub(crate) fn find() -> OpenSsl {
+        let reseed = openssl_symbol(c"EVP_RAND_reseed");
+        let getters = [
+            openssl_symbol(c"RAND_get0_primary"),
+            openssl_symbol(c"RAND_get0_public"),
+            openssl_symbol(c"RAND_get0_private"),
+        ];
+        if reseed.is_null() && getters.iter().all(|g| g.is_null()) {
+            if openssl_symbol(c"RAND_bytes").is_null() {
+                return OpenSsl::Absent;
+            }
+            return OpenSsl::Unrenewable;
         }
-        return Ok(());
+        if reseed.is_null() || getters.iter().any(|g| g.is_null()) {
+            return OpenSsl::Unrenewable;
+        }
+        // SAFETY: the symbols are OpenSSL 3's functions of these names and C signatures.
+        unsafe {
+            OpenSsl::Renewable {
+                reseed: std::mem::transmute::<*mut c_void, RandReseed>(reseed),
+                getters: getters.map(|g| std::mem::transmute::<*mut c_void, RandGet0>(g)),
+            }
+        }
     }
-    if reseed.is_null() || getters.iter().any(|g| g.is_null()) {
-        return Err(Fail::new("renew OpenSSL's random generators", EIO));
-    }
-    // SAFETY: the symbols are OpenSSL 3's functions of these names and C signatures.
-    let reseed: RandReseed = unsafe { std::mem::transmute(reseed) };
-    for getter in getters {
-        // SAFETY: as above.
-        let get: RandGet0 = unsafe { std::mem::transmute(getter) };
-        let input = fresh::<32>()?;
-        // SAFETY: the default library context (null); OpenSSL copies the input.
-        let ok = unsafe {
-            let ctx = get(std::ptr::null_mut());
-            !ctx.is_null() && reseed(ctx, 0, std::ptr::null(), 0, input.as_ptr(), input.len()) == 1
+
+    /// Reseed OpenSSL's primary, public and private generators, each with fresh entropy from
+    /// its parent and fresh additional input from the kernel. Nothing to do where no OpenSSL
+    /// is loaded; an OpenSSL that is loaded but cannot be reseeded is an error.
+    pub(crate) fn renew(&self) -> Result<(), Fail> {
+        let (reseed, getters) = match self {
+            OpenSsl::Absent => return Ok(()),
+            OpenSsl::Unrenewable => {
+                return Err(Fail::new("renew OpenSSL's random generators", EIO));
+            }
+            OpenSsl::Renewable { reseed, getters } => (reseed, getters),
         };
-        if !ok {
-            return Err(Fail::new("renew OpenSSL's random generators", EIO));
+        for get in getters {
+            let input = fresh::<32>()?;
+            // SAFETY: the default library context (null); OpenSSL copies the input.
+            let ok = unsafe {
+                let ctx = get(std::ptr::null_mut());
+                !ctx.is_null()
+                    && reseed(ctx, 0, std::ptr::null(), 0, input.as_ptr(), input.len()) == 1
+            };
+            if !ok {
+                return Err(Fail::new("renew OpenSSL's random generators", EIO));
+            }
         }
+        Ok(())
     }
-    Ok(())
 }

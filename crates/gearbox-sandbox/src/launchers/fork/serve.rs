@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::config::Config;
-use super::entropy::renew_openssl;
+use super::entropy::OpenSsl;
 use super::message::{Buf, Fail, check, send_buf, send_failed, send_str};
 use super::restrict::restrict;
 use super::restriction::{HOSTNAME, PROC_READONLY, SCRATCH, USER_LIMITS, scratch_inodes};
@@ -74,6 +74,7 @@ unsafe fn serve(config: *const Config, out: *mut Handed, keeper: bool) -> c_int 
             return -1;
         }
     }
+    let openssl = OpenSsl::find();
     loop {
         let mut fds = [-1 as c_int; 8];
         let n = receive(config.control_fd, &mut fds);
@@ -114,7 +115,15 @@ unsafe fn serve(config: *const Config, out: *mut Handed, keeper: bool) -> c_int 
         };
         if pid == 0 {
             // SAFETY: `out` is valid; init returns only in the program.
-            unsafe { *out = init(config, [fds[0], fds[1], fds[2], fds[3]], ids, keeper) };
+            unsafe {
+                *out = init(
+                    config,
+                    &openssl,
+                    [fds[0], fds[1], fds[2], fds[3]],
+                    ids,
+                    keeper,
+                )
+            };
             return 0;
         }
         if pid < 0 {
@@ -174,7 +183,13 @@ fn close_all(fds: &[c_int]) {
 }
 
 /// Pid 1 of a run. Returns only in the program.
-fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32), keeper: bool) -> Handed {
+fn init(
+    config: &Config,
+    openssl: &OpenSsl,
+    fds: [c_int; 4],
+    (uid, gid): (u32, u32),
+    keeper: bool,
+) -> Handed {
     let [chan, stdin, stdout, stderr] = fds;
     set_name(c"gb-init".as_ptr());
     // SAFETY: plain fd and signal calls on this process.
@@ -214,7 +229,7 @@ fn init(config: &Config, fds: [c_int; 4], (uid, gid): (u32, u32), keeper: bool) 
     // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
     let child = unsafe { fork() };
     if child == 0 {
-        return program(config, [chan, stdin, stdout, stderr], keeper);
+        return program(config, openssl, [chan, stdin, stdout, stderr], keeper);
     }
     if child < 0 {
         send_failed(chan, &Fail::new("fork program", errno()));
@@ -473,9 +488,14 @@ fn build(config: &Config) -> Result<(), Fail> {
 /// The program: restricted exactly as the cold path restricts a program before exec
 /// (`jail/program.rs`), then back to Python. A failed step is reported and ends it.
 /// `keeper`: start the program's keeper ([`start_keeper`]) once it is restricted.
-fn program(config: &Config, [chan, stdin, stdout, stderr]: [c_int; 4], keeper: bool) -> Handed {
+fn program(
+    config: &Config,
+    openssl: &OpenSsl,
+    [chan, stdin, stdout, stderr]: [c_int; 4],
+    keeper: bool,
+) -> Handed {
     set_name(config.program_name);
-    if let Err(fail) = renew_openssl() {
+    if let Err(fail) = openssl.renew() {
         send_failed(chan, &fail);
         // SAFETY: ends this process.
         unsafe { _exit(127) }
