@@ -148,8 +148,10 @@ def _program(chan, config):
     try:
         _prewarm()
         job, files = _read_handover()
+        sources = {}
         for (name, _size), content in zip(job["files"], files):
             _write_file(name, content)
+            sources[name] = content
         # The run's own limits, never above the slot's (a run may only lower them).
         limits = job.get("limits") or {}
         fsize = min(config.file_size_bytes, int(limits.get("file_size_mb", 1 << 40)) << 20)
@@ -167,18 +169,44 @@ def _program(chan, config):
     _send(chan, t="started")
     # From here on the program holds fds 0, 1 and 2 only.
     _os.closerange(3, 1 << 20)
-    _run(job)
+    _run(job, sources)
+
+
+# The rehearsal's environment: a Python run's (wire.rs `program_env` and `with_display_env`,
+# languages.toml), so that its allocations are the sizes a run's are.
+_REHEARSAL_ENV = {
+    "HOME": "/work",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "LOGNAME": "sandbox",
+    "MPLBACKEND": "module://gearbox_mpl_backend",
+    "MPLCONFIGDIR": "/tmp/.matplotlib",
+    "NODE_PATH": "/.gearbox/node",
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "PWD": "/work",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONPATH": "/.gearbox/python",
+    "PYTHONUNBUFFERED": "1",
+    "TMPDIR": "/tmp",
+    "USER": "sandbox",
+}
 
 
 def _prewarm():
-    """Rehearse a run once with a dummy job, before the program exists: the pages a run
-    writes are copied from the fork server now, off the request's path."""
+    """Rehearse a run with a dummy job, before the program exists: the pages a run writes
+    (CPython's reference counts and caches, malloc's and the object allocator's free lists)
+    are copied from the fork server now, off the request's path. Every step a run takes
+    that leaves nothing behind is taken for real: the hand-over read from a pipe, its file
+    written (in /tmp, then removed), the environment set, `__main__` and `sys.argv`
+    replaced, the script compiled and run (printing to a buffer); each is undone before
+    the program's own hand-over is read."""
     header = _json.dumps(
         {
-            "argv": ["python3", "main.py"],
+            "argv": ["/usr/bin/python3", "-s", "main.py"],
             "files": [["main.py", 9]],
             "program_argv": ["main.py"],
-            "env": {"PATH": "/usr/bin", "HOME": "/work"},
+            "env": _REHEARSAL_ENV,
             "limits": {"timeout_ms": 1, "open_files": 1, "file_size_mb": 1},
         }
     ).encode()
@@ -193,18 +221,33 @@ def _prewarm():
     finally:
         _os.dup2(stdin, 0)
         _os.close(stdin)
+    sources = {}
+    try:
+        _write_file(".gearbox-rehearsal.py", files[0], root="/tmp")
+        sources["main.py"] = files[0]
+    finally:
+        try:
+            _os.unlink("/tmp/.gearbox-rehearsal.py")
+        except OSError:
+            pass
     limits = job.get("limits") or {}
     int(limits.get("file_size_mb", 1 << 40)) + int(limits.get("open_files", 1))
-    out = _io.StringIO()
-    code = compile(files[0], "/work/main.py", "exec")
-    main = type(_sys)("__main__")
-    main.__builtins__ = __builtins__
-    main.__file__ = "/work/main.py"
-    main.__loader__ = _machinery.SourceFileLoader("__main__", "/work/main.py")
-    exec(code, {"print": lambda *a: print(*a, file=out), "__name__": "__main__"})
+    for res in (_resource.RLIMIT_FSIZE, _resource.RLIMIT_NOFILE, _resource.RLIMIT_CPU):
+        _resource.setrlimit(res, _resource.getrlimit(res))
     _json.dumps({"t": "started"})
-    _os.environ.update(job["env"])
-    _os.environ.clear()
+    saved = (_sys.argv, getattr(_sys, "orig_argv", None), _sys.path[0], _sys.modules["__main__"])
+    try:
+        _os.environ.update(job["env"])
+        out = _io.StringIO()
+        main = _main_module(job, "/work/main.py")
+        code = compile(sources.get("main.py"), "/work/main.py", "exec")
+        exec(code, {"print": lambda *a: print(*a, file=out), "__name__": "__main__"})
+        del main
+    finally:
+        _os.environ.clear()
+        _sys.argv, orig_argv, _sys.path[0], _sys.modules["__main__"] = saved
+        if orig_argv is not None:
+            _sys.orig_argv = orig_argv
     for stream in (_sys.stdout, _sys.stderr):
         stream.flush()
     import atexit  # noqa: F401  (imported by _finish)
@@ -230,12 +273,12 @@ def _read_handover():
     return job, files
 
 
-def _write_file(name, content):
+def _write_file(name, content, root="/work"):
     # The server validated every name; check again before writing as the sandbox user.
     parts = name.split("/")
     if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in name:
         raise _Fail("write files", "invalid file name %r" % name)
-    parent = "/work"
+    parent = root
     for p in parts[:-1]:
         parent = parent + "/" + p
         try:
@@ -244,7 +287,7 @@ def _write_file(name, content):
             pass
     mode = 0o755 if content.startswith(b"#!") else 0o644
     fd = _os.open(
-        "/work/" + name, _os.O_WRONLY | _os.O_CREAT | _os.O_EXCL | _os.O_NOFOLLOW, mode
+        root + "/" + name, _os.O_WRONLY | _os.O_CREAT | _os.O_EXCL | _os.O_NOFOLLOW, mode
     )
     try:
         view = memoryview(content)
@@ -254,32 +297,22 @@ def _write_file(name, content):
         _os.close(fd)
 
 
-def _run(job):
+def _run(job, sources):
     """Run the program as `python3 -s main.py args` would, then exit without tearing the
     interpreter down (the process ends here; atexit handlers and non-daemon threads still
-    run first)."""
+    run first). `sources`: the files just written, by name; the script is compiled from
+    its bytes there (what reading it back would return) when it is one of them."""
     _os.environ.update(job["env"])
-    argv = job["program_argv"]
-    path = _os.path.join("/work", argv[0])
-    _sys.argv = [argv[0]] + argv[1:]
-    # What the interpreter was started with, had the run started one (`/proc/self/cmdline`
-    # stays the fork server's: rewriting it needs a capability the sandbox does not have).
-    _sys.orig_argv = list(job["argv"])
-    _sys.path[0] = "/work"
-    main = type(_sys)("__main__")
-    main.__builtins__ = __builtins__
-    _sys.modules["__main__"] = main
-    main.__file__ = path
-    main.__cached__ = None
-    main.__doc__ = None
-    main.__spec__ = None
-    main.__package__ = None
-    main.__loader__ = _machinery.SourceFileLoader("__main__", path)
+    script = job["program_argv"][0]
+    path = _os.path.join("/work", script)
+    main = _main_module(job, path)
     code = 0
     try:
-        with open(path, "rb") as f:
-            compiled = compile(f.read(), path, "exec")
-        exec(compiled, vars(main))
+        source = sources.get(script)
+        if source is None:
+            with open(path, "rb") as f:
+                source = f.read()
+        exec(compile(source, path, "exec"), vars(main))
     except SystemExit as e:
         code = _exit_code(e.code)
     except BaseException as e:  # program frames only, as a plain run prints them
@@ -289,6 +322,30 @@ def _run(job):
         _sys.excepthook(type(e), e, e.with_traceback(tb).__traceback__)
         code = 1
     _finish(code)
+
+
+def _main_module(job, path):
+    """Set `sys.argv`, `sys.orig_argv` and `sys.path[0]` as `python3 -s main.py args` would,
+    and a fresh `__main__` for `path`, in `sys.modules`; return it."""
+    argv = job["program_argv"]
+    _sys.argv = [argv[0]] + argv[1:]
+    # What the interpreter was started with, had the run started one (`/proc/self/cmdline`
+    # stays the fork server's: rewriting it needs a capability the sandbox does not have).
+    _sys.orig_argv = list(job["argv"])
+    _sys.path[0] = "/work"
+    main = type(_sys)("__main__")
+    main.__builtins__ = __builtins__
+    if _sys.version_info < (3, 14):
+        # What the interpreter's own `__main__` starts with (3.14 creates it lazily).
+        main.__annotations__ = {}
+    _sys.modules["__main__"] = main
+    main.__file__ = path
+    main.__cached__ = None
+    main.__doc__ = None
+    main.__spec__ = None
+    main.__package__ = None
+    main.__loader__ = _machinery.SourceFileLoader("__main__", path)
+    return main
 
 
 def _exit_code(value):

@@ -612,3 +612,52 @@ async fn a_program_starts_with_default_signal_dispositions() {
         );
     }
 }
+
+/// A warm Python program starts in the state a cold one does: the fork server's rehearsal
+/// of a run (a file written to /tmp and removed, the environment set and cleared, `__main__`
+/// and `sys.argv` replaced and restored) leaves nothing behind, and a script compiled from
+/// the handed-over bytes reads as the file does (a byte order mark, a declared encoding).
+#[tokio::test]
+async fn a_warm_python_program_starts_as_a_cold_one_does() {
+    let probe = "import os, sys\n\
+        m = sys.modules['__main__']\n\
+        print(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')), sorted(os.listdir('.')))\n\
+        print(sorted(os.environ.items()))\n\
+        print(sys.argv, sys.orig_argv[1:], sys.path[0], __name__, __file__)\n\
+        print(m.__file__, m.__dict__ is globals(), m.__spec__, m.__loader__.path, m.__cached__)\n\
+        print(sorted(k for k in globals() if k != 'm'))\n\
+        print(len('\u{e9}t\u{e9}'))\n";
+    let scripts = [
+        probe.to_string(),
+        format!("\u{feff}{probe}"),
+        // UTF-8 bytes read as Latin-1: 'été' is five characters then.
+        format!("# -*- coding: latin-1 -*-\n{probe}"),
+    ];
+    for script in scripts {
+        let mut outs: Vec<(String, String)> = vec![];
+        for (path, engine) in paths("python") {
+            let r = run("python", &script)
+                .args(&["x", "y"])
+                .file("data.txt", "d");
+            let o = on(&path, &engine, r).await;
+            assert_eq!(o.status, Status::Ok, "{path}: {o:?}");
+            assert!(
+                o.stdout.contains("[] [] ['data.txt', 'main.py']"),
+                "{path}: {o:?}"
+            );
+            assert!(o.stdout.contains("('TMPDIR', '/tmp')"), "{path}: {o:?}");
+            outs.push((path, o.stdout));
+        }
+        let want = if script.starts_with("# -*- coding: latin-1") {
+            "5\n"
+        } else {
+            "3\n"
+        };
+        for (path, out) in &outs {
+            assert!(out.ends_with(want), "{path}: {out}");
+            for (a, b) in out.lines().zip(outs[0].1.lines()) {
+                assert_eq!(a, b, "{path} against {}", outs[0].0);
+            }
+        }
+    }
+}
