@@ -55,14 +55,14 @@ function readHandover(read = readStdin) {
   return [job, files];
 }
 
-function writeFile(name, content) {
+function writeFile(name, content, root = '/work') {
   // The server validated every name; check again before writing as the sandbox user.
   const parts = name.split('/');
   if (!name || name.startsWith('/') || name.includes('\0') ||
       parts.some((p) => p === '' || p === '.' || p === '..')) {
     throw new Fail('write files', `invalid file name ${JSON.stringify(name)}`);
   }
-  let parent = '/work';
+  let parent = root;
   for (const p of parts.slice(0, -1)) {
     parent += '/' + p;
     try {
@@ -73,7 +73,7 @@ function writeFile(name, content) {
   }
   const mode = content[0] === 0x23 && content[1] === 0x21 ? 0o755 : 0o644;
   const { O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW } = fs.constants;
-  const fd = fs.openSync('/work/' + name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+  const fd = fs.openSync(root + '/' + name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
   try {
     let off = 0;
     while (off < content.length) off += fs.writeSync(fd, content, off);
@@ -135,12 +135,28 @@ function run(job) {
   process.argv = [process.execPath, '/work/' + argv[0], ...argv.slice(1)];
   // The run's command has no interpreter options (the fork server's stay with it).
   process.execArgv = [];
+  // Nor this file among the loaded modules: a cold run's cache holds its program alone.
+  delete Module._cache[__filename];
   Module.runMain();
 }
 
+// A Node run's environment (wire.rs `program_env` and `with_display_env`, languages.toml):
+// the rehearsal's, so that what it creates is what a run creates.
+const REHEARSAL_ENV = {
+  HOME: '/work', LANG: 'C.UTF-8', LC_ALL: 'C.UTF-8', LOGNAME: 'sandbox',
+  MPLBACKEND: 'module://gearbox_mpl_backend', MPLCONFIGDIR: '/tmp/.matplotlib',
+  NODE_DISABLE_COLORS: '1', NODE_OPTIONS: '', NODE_PATH: '/.gearbox/node',
+  PATH: '/usr/local/bin:/usr/bin:/bin', PWD: '/work', PYTHONPATH: '/.gearbox/python',
+  TMPDIR: '/tmp', USER: 'sandbox',
+};
+
 // What a run uses that Node loads or compiles on first use, done once here instead of in
 // every fork: the modules behind process.stdout and stderr on a pipe (net, stream), the
-// module loader's compile path, and this file's own hand-over path (on a dummy job).
+// module loader's compile path, and this file's own hand-over path (on a dummy job), then
+// each of a run's own steps that leaves nothing behind (V8 creates a function's feedback
+// and inline caches on its first calls; made here, every fork shares them): its file
+// written (in this fork server's /tmp, then removed) and loaded as a module, its messages
+// sent (to /dev/null), its environment set and cleared.
 function warm() {
   require('net');
   require('tty');
@@ -168,6 +184,22 @@ function warm() {
     return k;
   });
   JSON.stringify({ t: 'started', n: job.files.length + files.length });
+  const dir = fs.mkdtempSync('/tmp/gearbox-warm-');
+  try {
+    // Not the dummy job's program: a console here would make this process's stdout.
+    const script = Buffer.from('module.exports = [1].map((x) => x + 1);\n');
+    writeFile(job.program_argv[0], script, dir);
+    const file = dir + '/' + job.program_argv[0];
+    Module._load(file, null, false);
+    delete Module._cache[file];
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  const devNull = fs.openSync('/dev/null', 'w');
+  send(devNull, { t: 'started' });
+  fs.closeSync(devNull);
+  Object.assign(process.env, REHEARSAL_ENV);
+  for (const k of Object.keys(process.env)) delete process.env[k];
 }
 
 function serve() {

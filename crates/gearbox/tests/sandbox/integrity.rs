@@ -661,3 +661,34 @@ async fn a_warm_python_program_starts_as_a_cold_one_does() {
         }
     }
 }
+
+/// A warm Node program starts in the state a cold one does: what the fork server does
+/// before it serves (a module loaded from its own /tmp and dropped from the cache, its
+/// environment set and cleared) leaves nothing a program can see.
+#[tokio::test]
+async fn a_warm_node_program_starts_as_a_cold_one_does() {
+    let probe = "const fs = require('fs');\n\
+        console.log(JSON.stringify([fs.readdirSync('/tmp'), fs.readdirSync('/dev/shm'), fs.readdirSync('.').sort()]));\n\
+        console.log(JSON.stringify(Object.entries(process.env).sort()));\n\
+        console.log(JSON.stringify([process.argv.slice(1), process.execArgv, require.main === module, module.id, module.filename, module.paths]));\n\
+        console.log(JSON.stringify(Object.keys(require.cache)));\n";
+    let mut outs: Vec<(String, String)> = vec![];
+    for (path, engine) in paths("javascript") {
+        let r = run("javascript", probe)
+            .args(&["x", "y"])
+            .file("data.txt", "d");
+        let o = on(&path, &engine, r).await;
+        assert_eq!(o.status, Status::Ok, "{path}: {o:?}");
+        assert!(
+            o.stdout.starts_with("[[],[],[\"data.txt\",\"main.js\"]]\n"),
+            "{path}: {o:?}"
+        );
+        assert!(o.stdout.contains("[\"TMPDIR\",\"/tmp\"]"), "{path}: {o:?}");
+        outs.push((path, o.stdout));
+    }
+    for (path, out) in &outs[1..] {
+        for (a, b) in out.lines().zip(outs[0].1.lines()) {
+            assert_eq!(a, b, "{path} against {}", outs[0].0);
+        }
+    }
+}
