@@ -12,4 +12,6 @@ for (const k of Object.keys(process.env)) delete process.env[k];
 Object.assign(process.env, job.env);
 process.chdir('/work');
 process.argv = [process.argv[0], '/work/' + job.argv[0], ...job.argv.slice(1)];
+// Nor this file among the loaded modules: a cold run's cache holds its program alone.
+delete Module._cache[__filename];
 Module.runMain();

@@ -184,16 +184,25 @@ function warm() {
     return k;
   });
   JSON.stringify({ t: 'started', n: job.files.length + files.length });
-  const dir = fs.mkdtempSync('/tmp/gearbox-warm-');
+  // Best effort: a /tmp that refuses the file only leaves that warming to each run.
+  let dir = null;
   try {
+    dir = fs.mkdtempSync('/tmp/gearbox-warm-');
     // Not the dummy job's program: a console here would make this process's stdout.
     const script = Buffer.from('module.exports = [1].map((x) => x + 1);\n');
     writeFile(job.program_argv[0], script, dir);
-    const file = dir + '/' + job.program_argv[0];
-    Module._load(file, null, false);
-    delete Module._cache[file];
+    Module._load(dir + '/' + job.program_argv[0], null, false);
+  } catch {
+    // Nothing warmed; nothing else changes.
   } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
+    if (dir !== null) {
+      delete Module._cache[dir + '/' + job.program_argv[0]];
+      try {
+        fs.rmSync(dir, { recursive: true, force: true });
+      } catch {
+        // This fork server's own /tmp: no run sees it.
+      }
+    }
   }
   const devNull = fs.openSync('/dev/null', 'w');
   send(devNull, { t: 'started' });

@@ -23,6 +23,9 @@ def _gearbox_run():
     # A fresh __main__ (the launcher's own globals stay with this function).
     main = _types.ModuleType("__main__")
     main.__builtins__ = __builtins__
+    if _sys.version_info < (3, 14):
+        # What the interpreter's own `__main__` starts with (3.14 creates it lazily).
+        main.__annotations__ = {}
     _sys.modules["__main__"] = main
     main.__file__ = path
     main.__cached__ = None

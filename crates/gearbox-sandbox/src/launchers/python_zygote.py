@@ -221,10 +221,11 @@ def _prewarm():
     finally:
         _os.dup2(stdin, 0)
         _os.close(stdin)
-    sources = {}
+    # Best effort: a /tmp that refuses the file only leaves those pages to the run.
     try:
         _write_file(".gearbox-rehearsal.py", files[0], root="/tmp")
-        sources["main.py"] = files[0]
+    except (OSError, _Fail):
+        pass
     finally:
         try:
             _os.unlink("/tmp/.gearbox-rehearsal.py")
@@ -240,7 +241,7 @@ def _prewarm():
         _os.environ.update(job["env"])
         out = _io.StringIO()
         main = _main_module(job, "/work/main.py")
-        code = compile(sources.get("main.py"), "/work/main.py", "exec")
+        code = compile(files[0], "/work/main.py", "exec")
         exec(code, {"print": lambda *a: print(*a, file=out), "__name__": "__main__"})
         del main
     finally:
