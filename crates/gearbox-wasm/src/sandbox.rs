@@ -189,7 +189,7 @@ impl WasmSandbox {
     /// Run `job` on the calling thread. Blocks until the program ends; prefer
     /// [`Sandbox::run`] from async code. `cancel` stops the run within one epoch tick.
     pub fn run_blocking(&self, job: &Job, cancel: Arc<AtomicBool>) -> Outcome {
-        self.inner.run(job, cancel).0
+        self.inner.run(job, cancel).outcome
     }
 }
 
@@ -401,7 +401,7 @@ impl Sandbox for WasmSandbox {
             // The answer leaves before the run's store is dropped: resetting the instance's
             // memory slot (tens of µs) happens beside the reply, not before it.
             let task = tokio::task::spawn_blocking(move || {
-                let (outcome, leftover) = inner.run(&job, cancel);
+                let Ran { outcome, leftover } = inner.run(&job, cancel);
                 let _ = tx.send(outcome);
                 drop(leftover);
             });
@@ -433,7 +433,10 @@ impl Sandbox for WasmSandbox {
         };
         let mut job = probe_job();
         job.files[0].content = b"console.log(6 * 7)".to_vec();
-        let out = self.inner.run(&job, Arc::new(AtomicBool::new(false))).0;
+        let out = self
+            .inner
+            .run(&job, Arc::new(AtomicBool::new(false)))
+            .outcome;
         let available = out.status == Status::Ok && out.stdout == "42\n";
         let mut details = vec![
             "javascript only: QuickJS (quickjs-ng, rquickjs 0.14) compiled to wasm32-wasip1, run by wasmtime 48".to_string(),
@@ -518,41 +521,48 @@ struct Leftover<'a> {
     _slot: Slot<'a>,
 }
 
+/// A run's outcome, and what to drop once it has been handed on (none when the run never
+/// started: an outcome made before the instance converts into one).
+struct Ran<'a> {
+    outcome: Outcome,
+    leftover: Option<Leftover<'a>>,
+}
+
+impl From<Outcome> for Ran<'_> {
+    fn from(outcome: Outcome) -> Self {
+        Ran {
+            outcome,
+            leftover: None,
+        }
+    }
+}
+
 impl Inner {
-    /// Run `job`; the outcome, and what to drop once it has been handed on.
-    fn run(&self, job: &Job, cancel: Arc<AtomicBool>) -> (Outcome, Option<Leftover<'_>>) {
+    /// Run `job`.
+    fn run(&self, job: &Job, cancel: Arc<AtomicBool>) -> Ran<'_> {
         let setup = Instant::now();
         let lang = job.language.as_str();
         let backend = BackendKind::Wasm.as_str();
         if lang != "javascript" {
-            return (
-                Outcome::denied(
-                    lang,
-                    backend,
-                    format!(
-                        "the wasm backend runs javascript only, not {lang}; use the linux backend"
-                    ),
-                ),
-                None,
-            );
+            return Outcome::denied(
+                lang,
+                backend,
+                format!("the wasm backend runs javascript only, not {lang}; use the linux backend"),
+            )
+            .into();
         }
         let Some(entry) = job.files.first() else {
-            return (
-                Outcome::failed_to_start(lang, backend, "no program given"),
-                None,
-            );
+            return Outcome::failed_to_start(lang, backend, "no program given").into();
         };
         let code = match std::str::from_utf8(&entry.content) {
             Ok(c) => c,
             Err(e) => {
-                return (
-                    Outcome::failed_to_start(
-                        lang,
-                        backend,
-                        format!("the program is not valid UTF-8: {e}"),
-                    ),
-                    None,
-                );
+                return Outcome::failed_to_start(
+                    lang,
+                    backend,
+                    format!("the program is not valid UTF-8: {e}"),
+                )
+                .into();
             }
         };
         // Code travels in argv unless there are files to read (or a NUL, which argv cannot hold).
@@ -561,14 +571,12 @@ impl Inner {
             match Workspace::create(&job.files) {
                 Ok(w) => Some(w),
                 Err(e) => {
-                    return (
-                        Outcome::failed_to_start(
-                            lang,
-                            backend,
-                            format!("writing the workspace failed: {e}"),
-                        ),
-                        None,
-                    );
+                    return Outcome::failed_to_start(
+                        lang,
+                        backend,
+                        format!("writing the workspace failed: {e}"),
+                    )
+                    .into();
                 }
             }
         } else {
@@ -600,14 +608,12 @@ impl Inner {
         if let Some(w) = &workspace
             && let Err(e) = wasi.preopened_dir(w.path(), ".", FsPerms::ReadOnly)
         {
-            return (
-                Outcome::failed_to_start(
-                    lang,
-                    backend,
-                    format!("preopening the workspace failed: {e}"),
-                ),
-                None,
-            );
+            return Outcome::failed_to_start(
+                lang,
+                backend,
+                format!("preopening the workspace failed: {e}"),
+            )
+            .into();
         }
 
         let timeout = Duration::from_millis(job.limits.timeout_ms);
@@ -643,18 +649,16 @@ impl Inner {
             .slots
             .acquire(Instant::now() + timeout, &store.data().cancel)
         else {
-            return (
-                Outcome::failed_to_start(
-                    lang,
-                    backend,
-                    format!(
-                        "all {} wasm instance slots stayed busy for the run's wall-clock limit, or \
+            return Outcome::failed_to_start(
+                lang,
+                backend,
+                format!(
+                    "all {} wasm instance slots stayed busy for the run's wall-clock limit, or \
                      the run was cancelled while it waited",
-                        crate::module::INSTANCE_SLOTS
-                    ),
+                    crate::module::INSTANCE_SLOTS
                 ),
-                None,
-            );
+            )
+            .into();
         };
         let active = self.ticker.active();
         let setup_us = setup.elapsed().as_micros() as u64;
@@ -704,12 +708,14 @@ impl Inner {
             Ok(()) => outcome.exit_code = Some(0),
             Err(e) => classify(&mut outcome, &e, state, job),
         }
-        let leftover = Leftover {
-            _store: store,
-            _workspace: workspace,
-            _slot: slot,
-        };
-        (outcome, Some(leftover))
+        Ran {
+            outcome,
+            leftover: Some(Leftover {
+                _store: store,
+                _workspace: workspace,
+                _slot: slot,
+            }),
+        }
     }
 }
 

@@ -177,7 +177,8 @@ const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
 /// native loop, empty mount points for each run's scratch and /proc, the seccomp policy in
 /// two parts (`seccomp-server-N.bpf`, which the fork server installs in itself, and
 /// `seccomp-N.bpf`, which each program adds: together the cold path's filters, see
-/// `seccomp::compile_split`), and the limits its programs apply to themselves.
+/// `seccomp::compile_split`), the limits its programs apply to themselves, and the
+/// environment each run of its key is handed (its programs rehearse a run with it).
 fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
     let dir = root.join(".gearbox");
     for sub in ["stage", "proc"] {
@@ -199,11 +200,19 @@ fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError
         }
     }
     let l = &spec.limits;
+    // The key's runs share its environment (`pool.rs`, `key`): what `fork_server.rs` hands
+    // each of them.
+    let run_env: serde_json::Map<String, serde_json::Value> =
+        crate::wire::with_display_env(crate::wire::program_env(&spec.env, "/work", "/tmp"))
+            .into_iter()
+            .map(|(k, v)| (k, v.into()))
+            .collect();
     let config = serde_json::json!({
         "disk_mb": l.disk_mb,
         "open_files": l.open_files,
         "file_size_mb": l.file_size_mb,
         "cpu_s": l.cpu_rlimit_secs(),
+        "run_env": run_env,
     });
     fs::write(dir.join("zygote.json"), config.to_string()).step(Step::WriteForkServerLimits)
 }

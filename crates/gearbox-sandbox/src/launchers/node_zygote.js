@@ -140,16 +140,6 @@ function run(job) {
   Module.runMain();
 }
 
-// A Node run's environment (wire.rs `program_env` and `with_display_env`, languages.toml):
-// the rehearsal's, so that what it creates is what a run creates.
-const REHEARSAL_ENV = {
-  HOME: '/work', LANG: 'C.UTF-8', LC_ALL: 'C.UTF-8', LOGNAME: 'sandbox',
-  MPLBACKEND: 'module://gearbox_mpl_backend', MPLCONFIGDIR: '/tmp/.matplotlib',
-  NODE_DISABLE_COLORS: '1', NODE_OPTIONS: '', NODE_PATH: '/.gearbox/node',
-  PATH: '/usr/local/bin:/usr/bin:/bin', PWD: '/work', PYTHONPATH: '/.gearbox/python',
-  TMPDIR: '/tmp', USER: 'sandbox',
-};
-
 // What a run uses that Node loads or compiles on first use, done once here instead of in
 // every fork: the modules behind process.stdout and stderr on a pipe (net, stream), the
 // module loader's compile path, and this file's own hand-over path (on a dummy job), then
@@ -157,7 +147,7 @@ const REHEARSAL_ENV = {
 // and inline caches on its first calls; made here, every fork shares them): its file
 // written (in this fork server's /tmp, then removed) and loaded as a module, its messages
 // sent (to /dev/null), its environment set and cleared.
-function warm() {
+function warm(config) {
   require('net');
   require('tty');
   const { Writable } = require('stream');
@@ -171,7 +161,7 @@ function warm() {
   m._compile('module.exports = [1].map((x) => x + 1);\n', '/work/main.js');
   const header = Buffer.from(JSON.stringify({
     argv: ['node', 'main.js'], files: [['main.js', 15]], program_argv: ['main.js'],
-    env: { PATH: '/usr/bin' }, limits: { timeout_ms: 1, open_files: 1, file_size_mb: 1 },
+    env: config.run_env, limits: { timeout_ms: 1, open_files: 1, file_size_mb: 1 },
   }));
   const length = Buffer.alloc(4);
   length.writeUInt32LE(header.length, 0);
@@ -207,7 +197,8 @@ function warm() {
   const devNull = fs.openSync('/dev/null', 'w');
   send(devNull, { t: 'started' });
   fs.closeSync(devNull);
-  Object.assign(process.env, REHEARSAL_ENV);
+  // The dummy job's: the environment every run of this fork server's key is handed.
+  Object.assign(process.env, job.env);
   for (const k of Object.keys(process.env)) delete process.env[k];
 }
 
@@ -218,7 +209,7 @@ function serve() {
   native.exports.adopt();
   // A program's environment is its job's alone.
   for (const k of Object.keys(process.env)) delete process.env[k];
-  warm();
+  warm(config);
   const handed = native.exports.serve(CONTROL_FD, config.disk_mb, config.open_files, config.cpu_s);
   if (handed === null) process.reallyExit(0);
   const [chan, pid, ppid] = handed;

@@ -22,7 +22,8 @@
 # new). The seccomp policy is the cold path's compiled BPF in two parts (jail/seccomp.rs,
 # compile_split): /.gearbox/seccomp-server-N.bpf, which the fork server installs in itself
 # (every program inherits it), and /.gearbox/seccomp-N.bpf, which each program adds.
-# /.gearbox/zygote.json holds the limits. The run's init
+# /.gearbox/zygote.json holds the limits and the environment each run of the key is handed
+# (the rehearsal uses it). The run's init
 # and its program speak to the server on the control socket (one JSON message per packet);
 # the kernel attaches each sender's pid (SO_PASSCRED), which the server uses to put the slot
 # in its own cgroup and to kill the run. The zygote's bounding set is empty (its init
@@ -73,6 +74,8 @@ class _Config:
         self.open_files = int(c["open_files"])
         self.file_size_bytes = int(c["file_size_mb"]) * 1024 * 1024
         self.cpu_s = int(c["cpu_s"])
+        # The environment every run of this fork server's key is handed.
+        self.run_env = dict(c["run_env"])
 
 
 def _name(name):
@@ -146,7 +149,7 @@ def _program(chan, config):
     """The program, restricted by the native loop exactly as the cold path restricts a
     program before exec: read the program from fd 0 and run it here."""
     try:
-        _prewarm()
+        _prewarm(config)
         job, files = _read_handover()
         sources = {}
         for (name, _size), content in zip(job["files"], files):
@@ -172,28 +175,7 @@ def _program(chan, config):
     _run(job, sources)
 
 
-# The rehearsal's environment: a Python run's (wire.rs `program_env` and `with_display_env`,
-# languages.toml), so that its allocations are the sizes a run's are.
-_REHEARSAL_ENV = {
-    "HOME": "/work",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "LOGNAME": "sandbox",
-    "MPLBACKEND": "module://gearbox_mpl_backend",
-    "MPLCONFIGDIR": "/tmp/.matplotlib",
-    "NODE_PATH": "/.gearbox/node",
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "PWD": "/work",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONIOENCODING": "utf-8",
-    "PYTHONPATH": "/.gearbox/python",
-    "PYTHONUNBUFFERED": "1",
-    "TMPDIR": "/tmp",
-    "USER": "sandbox",
-}
-
-
-def _prewarm():
+def _prewarm(config):
     """Rehearse a run with a dummy job, before the program exists: the pages a run writes
     (CPython's reference counts and caches, malloc's and the object allocator's free lists)
     are copied from the fork server now, off the request's path. Every step a run takes
@@ -206,7 +188,7 @@ def _prewarm():
             "argv": ["/usr/bin/python3", "-s", "main.py"],
             "files": [["main.py", 9]],
             "program_argv": ["main.py"],
-            "env": _REHEARSAL_ENV,
+            "env": config.run_env,
             "limits": {"timeout_ms": 1, "open_files": 1, "file_size_mb": 1},
         }
     ).encode()
@@ -236,7 +218,7 @@ def _prewarm():
     for res in (_resource.RLIMIT_FSIZE, _resource.RLIMIT_NOFILE, _resource.RLIMIT_CPU):
         _resource.setrlimit(res, _resource.getrlimit(res))
     _json.dumps({"t": "started"})
-    saved = (_sys.argv, getattr(_sys, "orig_argv", None), _sys.path[0], _sys.modules["__main__"])
+    saved = (_sys.argv, _sys.orig_argv, _sys.path[0], _sys.modules["__main__"])
     try:
         _os.environ.update(job["env"])
         out = _io.StringIO()
@@ -246,9 +228,7 @@ def _prewarm():
         del main
     finally:
         _os.environ.clear()
-        _sys.argv, orig_argv, _sys.path[0], _sys.modules["__main__"] = saved
-        if orig_argv is not None:
-            _sys.orig_argv = orig_argv
+        _sys.argv, _sys.orig_argv, _sys.path[0], _sys.modules["__main__"] = saved
     for stream in (_sys.stdout, _sys.stderr):
         stream.flush()
     import atexit  # noqa: F401  (imported by _finish)

@@ -613,6 +613,30 @@ async fn a_program_starts_with_default_signal_dispositions() {
     }
 }
 
+/// Run `script` (args `x y`, a file `data.txt`) on every path of `language`: each run must
+/// succeed and print what the first path's did (the first differing line is named). Returns
+/// that output.
+async fn same_on_every_path(language: &str, script: &str) -> String {
+    let mut first: Option<(String, String)> = None;
+    for (path, engine) in paths(language) {
+        let r = run(language, script)
+            .args(&["x", "y"])
+            .file("data.txt", "d");
+        let o = on(&path, &engine, r).await;
+        assert_eq!(o.status, Status::Ok, "{language} on {path}: {o:?}");
+        match &first {
+            None => first = Some((path, o.stdout)),
+            Some((first_path, want)) => {
+                for (a, b) in o.stdout.lines().zip(want.lines()) {
+                    assert_eq!(a, b, "{path} against {first_path}");
+                }
+                assert_eq!(&o.stdout, want, "{path} against {first_path}");
+            }
+        }
+    }
+    first.expect("every language has a path").1
+}
+
 /// A warm Python program starts in the state a cold one does: the fork server's rehearsal
 /// of a run (a file written to /tmp and removed, the environment set and cleared, `__main__`
 /// and `sys.argv` replaced and restored) leaves nothing behind, and a script compiled from
@@ -627,38 +651,16 @@ async fn a_warm_python_program_starts_as_a_cold_one_does() {
         print(m.__file__, m.__dict__ is globals(), m.__spec__, m.__loader__.path, m.__cached__)\n\
         print(sorted(k for k in globals() if k != 'm'))\n\
         print(len('\u{e9}t\u{e9}'))\n";
-    let scripts = [
-        probe.to_string(),
-        format!("\u{feff}{probe}"),
-        // UTF-8 bytes read as Latin-1: 'été' is five characters then.
-        format!("# -*- coding: latin-1 -*-\n{probe}"),
-    ];
-    for script in scripts {
-        let mut outs: Vec<(String, String)> = vec![];
-        for (path, engine) in paths("python") {
-            let r = run("python", &script)
-                .args(&["x", "y"])
-                .file("data.txt", "d");
-            let o = on(&path, &engine, r).await;
-            assert_eq!(o.status, Status::Ok, "{path}: {o:?}");
-            assert!(
-                o.stdout.contains("[] [] ['data.txt', 'main.py']"),
-                "{path}: {o:?}"
-            );
-            assert!(o.stdout.contains("('TMPDIR', '/tmp')"), "{path}: {o:?}");
-            outs.push((path, o.stdout));
-        }
-        let want = if script.starts_with("# -*- coding: latin-1") {
-            "5\n"
-        } else {
-            "3\n"
-        };
-        for (path, out) in &outs {
-            assert!(out.ends_with(want), "{path}: {out}");
-            for (a, b) in out.lines().zip(outs[0].1.lines()) {
-                assert_eq!(a, b, "{path} against {}", outs[0].0);
-            }
-        }
+    // UTF-8 bytes read as Latin-1: 'été' is five characters then.
+    for (script, len) in [
+        (probe.to_string(), "3\n"),
+        (format!("\u{feff}{probe}"), "3\n"),
+        (format!("# -*- coding: latin-1 -*-\n{probe}"), "5\n"),
+    ] {
+        let out = same_on_every_path("python", &script).await;
+        assert!(out.starts_with("[] [] ['data.txt', 'main.py']\n"), "{out}");
+        assert!(out.contains("('TMPDIR', '/tmp')"), "{out}");
+        assert!(out.ends_with(len), "{out}");
     }
 }
 
@@ -672,23 +674,11 @@ async fn a_warm_node_program_starts_as_a_cold_one_does() {
         console.log(JSON.stringify(Object.entries(process.env).sort()));\n\
         console.log(JSON.stringify([process.argv.slice(1), process.execArgv, require.main === module, module.id, module.filename, module.paths]));\n\
         console.log(JSON.stringify(Object.keys(require.cache)));\n";
-    let mut outs: Vec<(String, String)> = vec![];
-    for (path, engine) in paths("javascript") {
-        let r = run("javascript", probe)
-            .args(&["x", "y"])
-            .file("data.txt", "d");
-        let o = on(&path, &engine, r).await;
-        assert_eq!(o.status, Status::Ok, "{path}: {o:?}");
-        assert!(
-            o.stdout.starts_with("[[],[],[\"data.txt\",\"main.js\"]]\n"),
-            "{path}: {o:?}"
-        );
-        assert!(o.stdout.contains("[\"TMPDIR\",\"/tmp\"]"), "{path}: {o:?}");
-        outs.push((path, o.stdout));
-    }
-    for (path, out) in &outs[1..] {
-        for (a, b) in out.lines().zip(outs[0].1.lines()) {
-            assert_eq!(a, b, "{path} against {}", outs[0].0);
-        }
-    }
+    let out = same_on_every_path("javascript", probe).await;
+    assert!(
+        out.starts_with("[[],[],[\"data.txt\",\"main.js\"]]\n"),
+        "{out}"
+    );
+    assert!(out.contains("[\"TMPDIR\",\"/tmp\"]"), "{out}");
+    assert!(out.ends_with("[\"/work/main.js\"]\n"), "{out}");
 }
