@@ -251,10 +251,15 @@ const MAX_SPARES: usize = 16;
 /// batches (up to 64 pages per CPU, held by the cgroup that charged last on that CPU, and
 /// counted in a fresh cgroup's usage too once it has run there); the rest is page cache and
 /// kernel objects the run brought in, allowed up to 512 KiB.
+/// Computed once: glibc's `sysconf(_SC_NPROCESSORS_ONLN)` opens and reads a sysfs file each
+/// time, and a release checks the residue every few milliseconds until the run has left.
 fn max_residue() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u64;
-    (512 << 10) + cpus * 64 * 4096
+    static RESIDUE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *RESIDUE.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u64;
+        (512 << 10) + cpus * 64 * 4096
+    })
 }
 
 impl Cgroup {
