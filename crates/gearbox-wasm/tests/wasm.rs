@@ -1,49 +1,13 @@
 //! Integration tests of the wasm backend: one binary, a module per topic. Every test runs real
 //! JavaScript in the real QuickJS guest through `Sandbox::run`.
 
-use std::sync::{Arc, OnceLock};
+mod common;
 
-use gearbox_core::{Job, JobFile, Limits, Outcome, Sandbox, Status};
+use std::sync::Arc;
+
+use common::{job, run, sandbox};
+use gearbox_core::{JobFile, Outcome, Sandbox, Status};
 use gearbox_wasm::{WasmConfig, WasmSandbox};
-
-/// One backend per test process: the module is compiled (or loaded from the cache) once.
-fn sandbox() -> &'static WasmSandbox {
-    static SB: OnceLock<WasmSandbox> = OnceLock::new();
-    SB.get_or_init(|| {
-        let dir = std::env::temp_dir().join("gearbox-wasm-test-cache");
-        WasmSandbox::new(WasmConfig {
-            cache_dir: Some(dir),
-        })
-        .expect("wasm backend")
-    })
-}
-
-fn job(code: &str) -> Job {
-    Job {
-        language: "javascript".into(),
-        argv: vec!["/usr/bin/node".into(), "main.js".into()],
-        program_argv: vec!["main.js".into()],
-        launcher: None,
-        env: Default::default(),
-        files: vec![JobFile {
-            path: "main.js".into(),
-            content: code.as_bytes().to_vec(),
-        }],
-        stdin: Vec::new(),
-        limits: Limits {
-            timeout_ms: 10_000,
-            memory_mb: 128,
-            ..Limits::default()
-        },
-        mounts: Vec::new(),
-        egress: None,
-        egress_env: Default::default(),
-    }
-}
-
-async fn run(job: Job) -> Outcome {
-    sandbox().run(job).await.expect("backend ran the job")
-}
 
 async fn js(code: &str) -> Outcome {
     run(job(code)).await
