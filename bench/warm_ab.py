@@ -13,7 +13,8 @@ median latency and the machine's busy CPU per call (from /proc/stat: every proce
 client, the pool's refills and the kernel's workers included). A `--gearbox` of the form
 `KEY=VALUE ... PATH` runs that build with those variables set. Standard library only; as
 root, so the fork servers are used. `--cold` measures cold calls instead (`pool = {}`: a
-fresh helper, sandbox and interpreter per call).
+fresh helper, sandbox and interpreter per call). `--gap S` sleeps S seconds between calls,
+as an agent's calls come (machine CPU then also counts what the pause lets finish).
 """
 import argparse
 import random
@@ -31,7 +32,7 @@ from warm_pool import Rpc, busy_ms  # noqa: E402
 CODE = {"python": "print(1)", "bash": "echo 1", "javascript": "console.log(1)"}
 
 
-def measure(build, n, language, cold=False):
+def measure(build, n, language, cold=False, gap=0.0):
     *assignments, gearbox = build.split()
     env = dict(os.environ, **dict(a.split("=", 1) for a in assignments))
     cfg = Path(tempfile.mkdtemp(prefix="gearbox-ab-")) / "warm.toml"
@@ -49,6 +50,8 @@ def measure(build, n, language, cold=False):
             t = time.perf_counter()
             rpc.run(language, code)
             lat.append((time.perf_counter() - t) * 1000)
+            if gap:
+                time.sleep(gap)
         return statistics.median(lat), (busy_ms() - cpu0) / n
     finally:
         rpc.close()
@@ -61,13 +64,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--language", default="python", choices=sorted(CODE))
     ap.add_argument("--cold", action="store_true", help="no pool: every call starts cold")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="seconds between calls (an agent's calls come spaced; 0: back to back)")
     a = ap.parse_args()
     results = {g: [] for g in a.gearbox}
     rng = random.Random(1)
     for _ in range(a.rounds):
         # Each round in a fresh random order: none of the builds always follows another.
         for g in rng.sample(a.gearbox, len(a.gearbox)):
-            results[g].append(measure(g, a.n, a.language, a.cold))
+            results[g].append(measure(g, a.n, a.language, a.cold, a.gap))
     print(f"{'build':<50} {'median ms':>10} {'CPU/run ms':>11}  (per round)")
     for g, rs in results.items():
         med = statistics.median(r[0] for r in rs)

@@ -12,10 +12,10 @@ left out and counted):
                 (protocol, analysis, gear, pool, the hand-over's write)
   hand-over     -> the program's `execve` (exec-based languages: files, rlimits, exec)
   program       -> the program's exit (fork servers: from the wake-up; includes the run)
-  exit          the program's exit -> its init's exit (the address space's teardown, the
-                exit status reaching init)
-  report        init's exit -> the answer read by the client (the namespaces' teardown,
-                the outcome, the protocol)
+  exit          the program's exit -> its init's report waking the server (a fork server's
+                run), or init's exit (a helper-built one): the exit status reaching init
+  report        -> the answer read by the client (the outcome, the protocol; a helper-built
+                run's namespaces' teardown)
 The bare interpreter (`python3 -c`, `bash -c`, `node -e`) is measured the same way in the
 same recording: its exec -> exit. `refill during the call` counts calls in which the pool's
 replacement sandbox was forked while the program ran (two cores: it competes with the run).
@@ -89,8 +89,12 @@ def phases(events, t0, t1):
     woken = [e[0] for e in inside if e[3] == "sched_wakeup" and target_pid(e[4]) == pid
              and e[1].startswith("tokio")]
     execs = [e[0] for e in inside if e[3] == "sched_process_exec" and e[2] == pid]
-    init_exits = [e[0] for e in inside if e[3] == "sched_process_exit"
-                  and e[1].startswith("gb-init") and e[0] >= prog_exit[0]]
+    # Init's report: the first wake-up of the server by init after the program's exit (a
+    # fork server's init exits only after the answer); else init's exit (helper-built).
+    init_exits = [e[0] for e in inside if e[3] == "sched_wakeup" and e[1].startswith("gb-init")
+                  and "comm=tokio" in e[4] and e[0] >= prog_exit[0]]
+    init_exits += [e[0] for e in inside if e[3] == "sched_process_exit"
+                   and e[1].startswith("gb-init") and e[0] >= prog_exit[0]]
     if not woken or not init_exits:
         return None
     handover = woken[0]

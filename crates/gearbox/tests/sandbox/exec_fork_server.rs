@@ -237,6 +237,15 @@ async fn bash_forked_program_is_held_to_its_limits() {
     assert!(o.duration_ms < 4000, "{o:?}");
     let survivors = crate::support::survivors_after("sleep 33.1416", Duration::from_secs(3)).await;
     assert!(survivors.is_empty(), "survivors: {survivors:?}");
+    // A leftover holding no descriptor outlives the early kill of a finished run, not the run.
+    let o = forked(
+        &engine,
+        sh("setsid sleep 35.2718 0<&- 1>&- 2>&- & echo done"),
+    )
+    .await;
+    assert_eq!(o.stdout, "done\n", "{o:?}");
+    let survivors = crate::support::survivors_after("sleep 35.2718", Duration::from_secs(3)).await;
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
     // Output: a flood is cut at the limit.
     let o = forked(&engine, sh("yes flood").timeout_ms(1500)).await;
     assert!(o.stdout_truncated, "{o:?}");

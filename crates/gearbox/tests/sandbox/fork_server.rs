@@ -682,6 +682,34 @@ async fn forked_python_escapees_die_at_its_deadline() {
     escapees_die_with_the_run("27.1829", "import time\ntime.sleep(60)", Status::Timeout).await;
 }
 
+/// A leftover that holds no descriptor outlives the early kill of a finished run (init
+/// spares what cannot reach the run's pipes, so the program's keeper holds its address space
+/// until the answer is out) but not the run: it dies when init is told the answer is out. Its
+/// output ended with its descriptors, and the next run of the fork server sees nothing of it.
+#[tokio::test]
+async fn forked_python_leftovers_without_descriptors_die_after_the_answer() {
+    let Some(engine) = python_engine(1) else {
+        return;
+    };
+    let code = "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        \
+                os.closerange(0, 1 << 20)\n        os.execvp('sleep', ['sleep', '36.9112'])\n    \
+                os._exit(0)\nos.wait()\nprint('done')";
+    let o = forked(&engine, run("python", code)).await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "done\n", "{o:?}");
+    let survivors = crate::support::survivors_after("sleep 36.9112", Duration::from_secs(3)).await;
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
+    let o = forked(
+        &engine,
+        run(
+            "python",
+            "import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))",
+        ),
+    )
+    .await;
+    assert_eq!(o.stdout, "['1', '2', '3']\n", "{o:?}");
+}
+
 /// Killing everything it can see harms only itself; the fork server keeps serving.
 #[tokio::test]
 async fn forked_python_killing_all_it_sees_harms_only_itself() {

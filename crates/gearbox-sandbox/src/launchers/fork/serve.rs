@@ -268,6 +268,17 @@ fn init(
         maxrss
     );
     send_buf(chan, &buf);
+    if !outputs {
+        // The answer first, the teardown after: every process that holds a descriptor (the
+        // run's output pipes among them) dies now, so the output ends at once; the program's
+        // keeper, which holds none, keeps its address space alive until the server's word
+        // (sent once it has answered) or its going away, and this process's own teardown
+        // waits as long. Tearing both down here took both cores while the server answered.
+        kill_holders();
+        let mut done = [0u8; 8];
+        // SAFETY: reads into a buffer on this stack frame.
+        unsafe { recv(chan, done.as_mut_ptr().cast(), done.len(), 0) };
+    }
     // Whatever the program left behind dies with this pid namespace.
     // SAFETY: signals every process of this pid namespace.
     unsafe { kill(-1, SIGKILL) };
@@ -291,6 +302,61 @@ fn init(
     // SAFETY: ends this process.
     unsafe { _exit(0) }
 }
+
+/// Kill every process of this pid namespace but this one and those with no open descriptor
+/// (the program's keeper), pass after pass until one finds no process it has not killed
+/// already (a process may fork while a pass looks). A process whose descriptors cannot be
+/// listed is killed. One with none cannot reach the run's pipes or this process's channel
+/// (nothing it can open names them), and dies with this process shortly after. Past
+/// [`KILLED_MAX`] processes, or without a readable `/proc`, everything dies now.
+fn kill_holders() {
+    let mut killed = [0 as c_int; KILLED_MAX];
+    let mut n = 0;
+    loop {
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            break;
+        };
+        let before = n;
+        for entry in procs.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse::<c_int>().ok())
+            else {
+                continue;
+            };
+            if pid == 1 || killed[..n].contains(&pid) {
+                continue;
+            }
+            let mut path = Buf::new();
+            let _ = write!(path, "/proc/{pid}/fd");
+            let holds_none = std::str::from_utf8(&path.data[..path.len])
+                .ok()
+                .and_then(|p| std::fs::read_dir(p).ok())
+                .is_some_and(|mut fds| fds.next().is_none());
+            if holds_none {
+                continue;
+            }
+            if n == KILLED_MAX {
+                // SAFETY: signals every process of this pid namespace.
+                unsafe { kill(-1, SIGKILL) };
+                return;
+            }
+            // SAFETY: signals one process of this pid namespace.
+            unsafe { kill(pid, SIGKILL) };
+            killed[n] = pid;
+            n += 1;
+        }
+        if n == before {
+            return;
+        }
+    }
+    // SAFETY: signals every process of this pid namespace.
+    unsafe { kill(-1, SIGKILL) };
+}
+
+/// Most processes [`kill_holders`] kills one by one.
+const KILLED_MAX: usize = 256;
 
 /// Whether the program left anything in `/work/outputs` (a symlink in its place is
 /// followed here, but the server, which reads the files, refuses it).
