@@ -52,11 +52,12 @@ async fn the_workspace_is_removed_after_every_ending() {
     let mut looping = with_module("import { add } from './lib/math.js'; for (;;) { add(1, 2); }");
     looping.limits.timeout_ms = 1_500;
     let running = tokio::spawn(run(looping));
-    let seen = until("no workspace while the run was in flight", |w| w.len() == 1).await;
-    assert!(
-        seen[0].join("lib/math.js").is_file(),
-        "the workspace holds the call's files: {seen:?}"
-    );
+    // Made, then filled with the call's files: waited for until it holds them.
+    until(
+        "no workspace with the call's files while the run was in flight",
+        |w| w.len() == 1 && w[0].join("lib/math.js").is_file(),
+    )
+    .await;
     let o = running.await.expect("run task");
     assert_eq!(o.status, Status::Timeout, "{o:?}");
     until("the timed-out run's workspace was left", |w| w.is_empty()).await;
