@@ -710,6 +710,33 @@ async fn forked_python_leftovers_without_descriptors_die_after_the_answer() {
     assert_eq!(o.stdout, "['1', '2', '3']\n", "{o:?}");
 }
 
+/// The same on Node's fork server: a leftover started with no descriptor dies after the
+/// answer, and the next run sees only its own init, program and keeper.
+#[tokio::test]
+async fn node_forked_leftovers_without_descriptors_die_after_the_answer() {
+    let Some(engine) = node_engine(1) else {
+        return;
+    };
+    let code = "const { spawn } = require('child_process');\n\
+                spawn('sh', ['-c', 'exec setsid sleep 37.4159 0<&- 1>&- 2>&-'], \
+                { stdio: 'ignore', detached: true }).unref();\n\
+                console.log('done');";
+    let o = forked(&engine, run("javascript", code)).await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "done\n", "{o:?}");
+    let survivors = crate::support::survivors_after("sleep 37.4159", Duration::from_secs(3)).await;
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
+    let o = forked(
+        &engine,
+        run(
+            "javascript",
+            "console.log(JSON.stringify(require('fs').readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).sort()))",
+        ),
+    )
+    .await;
+    assert_eq!(o.stdout, "[\"1\",\"2\",\"3\"]\n", "{o:?}");
+}
+
 /// Killing everything it can see harms only itself; the fork server keeps serving.
 #[tokio::test]
 async fn forked_python_killing_all_it_sees_harms_only_itself() {
