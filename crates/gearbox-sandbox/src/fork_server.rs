@@ -700,9 +700,10 @@ impl Slot {
                 report.cpu_time_ms = Some(ms);
             }
         }
-        // The answer first: init waits (its channel open, the program's keeper alive) until
-        // this says so, ANSWER_FIRST from now, once the outcome has been answered; killing
-        // init then tears the run down. Everything holding a descriptor is already dead.
+        // The answer first: init waits (the program's keeper alive, everything holding a
+        // descriptor already dead) until its channel closes and it is killed, ANSWER_FIRST
+        // from now; the answer, built below, has normally left by then. The run's pid
+        // namespace dies with init.
         let chan = chan.into_inner();
         tokio::spawn(async move {
             tokio::time::sleep(ANSWER_FIRST).await;

@@ -240,7 +240,12 @@ async fn bash_forked_program_is_held_to_its_limits() {
     // A leftover holding no descriptor outlives the early kill of a finished run, not the run.
     let o = forked(
         &engine,
-        sh("setsid sleep 35.2718 0<&- 1>&- 2>&- & echo done"),
+        // `done` once the leftover runs with no descriptor (init's scan must find it so).
+        sh("setsid sleep 35.2718 0<&- 1>&- 2>&- &\n\
+            for i in $(seq 500); do for p in /proc/[0-9]*; do \
+            [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'sleep 35.2718 ' ] && \
+            [ -z \"$(ls -A $p/fd 2>/dev/null)\" ] && echo done && exit; done; sleep 0.01; done\n\
+            echo not started"),
     )
     .await;
     assert_eq!(o.stdout, "done\n", "{o:?}");

@@ -682,59 +682,63 @@ async fn forked_python_escapees_die_at_its_deadline() {
     escapees_die_with_the_run("27.1829", "import time\ntime.sleep(60)", Status::Timeout).await;
 }
 
-/// A leftover that holds no descriptor outlives the early kill of a finished run (init
-/// spares what cannot reach the run's pipes, so the program's keeper holds its address space
-/// until the answer is out) but not the run: it dies when init is told the answer is out. Its
-/// output ended with its descriptors, and the next run of the fork server sees nothing of it.
+/// A leftover that holds no descriptor (`sleep marker`, started by `code`, which prints
+/// `done`) outlives the early kill of a finished run (init spares what cannot reach the run's
+/// pipes, so that the program's keeper holds its address space until the answer is out) but
+/// not the run: it dies when the server kills init after the answer. The next run of the fork
+/// server (`pids`, which prints the pids it sees) sees only its own init, program and keeper.
+async fn leftover_without_descriptors_dies(
+    engine: &Arc<Engine>,
+    language: &str,
+    code: &str,
+    marker: &str,
+    pids: &str,
+) {
+    let o = forked(engine, run(language, code)).await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "done\n", "{o:?}");
+    let survivors =
+        crate::support::survivors_after(&format!("sleep {marker}"), Duration::from_secs(3)).await;
+    assert!(survivors.is_empty(), "survivors: {survivors:?}");
+    assert_eq!(forked_ok(engine, run(language, pids)).await, "1 2 3\n");
+}
+
 #[tokio::test]
 async fn forked_python_leftovers_without_descriptors_die_after_the_answer() {
     let Some(engine) = python_engine(1) else {
         return;
     };
-    let code = "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        \
+    // `done` once the leftover runs with no descriptor (init's scan must find it so).
+    let code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        \
                 os.closerange(0, 1 << 20)\n        os.execvp('sleep', ['sleep', '36.9112'])\n    \
-                os._exit(0)\nos.wait()\nprint('done')";
-    let o = forked(&engine, run("python", code)).await;
-    assert_eq!(o.status, Status::Ok, "{o:?}");
-    assert_eq!(o.stdout, "done\n", "{o:?}");
-    let survivors = crate::support::survivors_after("sleep 36.9112", Duration::from_secs(3)).await;
-    assert!(survivors.is_empty(), "survivors: {survivors:?}");
-    let o = forked(
-        &engine,
-        run(
-            "python",
-            "import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))",
-        ),
-    )
-    .await;
-    assert_eq!(o.stdout, "['1', '2', '3']\n", "{o:?}");
+                os._exit(0)\nos.wait()\n\
+                def fdless():\n    for p in filter(str.isdigit, os.listdir('/proc')):\n        try:\n            \
+                if b'36.9112' in open(f'/proc/{p}/cmdline', 'rb').read() and not os.listdir(f'/proc/{p}/fd'):\n                \
+                return True\n        except OSError:\n            pass\n    return False\n\
+                t = time.time()\nwhile not fdless() and time.time() - t < 5:\n    time.sleep(0.01)\n\
+                print('done' if fdless() else 'not started')";
+    let pids = "import os\nprint(*sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))";
+    leftover_without_descriptors_dies(&engine, "python", code, "36.9112", pids).await;
 }
 
-/// The same on Node's fork server: a leftover started with no descriptor dies after the
-/// answer, and the next run sees only its own init, program and keeper.
 #[tokio::test]
 async fn node_forked_leftovers_without_descriptors_die_after_the_answer() {
     let Some(engine) = node_engine(1) else {
         return;
     };
-    let code = "const { spawn } = require('child_process');\n\
+    // `done` once the leftover runs with no descriptor (init's scan must find it so).
+    let code = "const fs = require('fs');\nconst { spawn } = require('child_process');\n\
                 spawn('sh', ['-c', 'exec setsid sleep 37.4159 0<&- 1>&- 2>&-'], \
                 { stdio: 'ignore', detached: true }).unref();\n\
-                console.log('done');";
-    let o = forked(&engine, run("javascript", code)).await;
-    assert_eq!(o.status, Status::Ok, "{o:?}");
-    assert_eq!(o.stdout, "done\n", "{o:?}");
-    let survivors = crate::support::survivors_after("sleep 37.4159", Duration::from_secs(3)).await;
-    assert!(survivors.is_empty(), "survivors: {survivors:?}");
-    let o = forked(
-        &engine,
-        run(
-            "javascript",
-            "console.log(JSON.stringify(require('fs').readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).sort()))",
-        ),
-    )
-    .await;
-    assert_eq!(o.stdout, "[\"1\",\"2\",\"3\"]\n", "{o:?}");
+                const fdless = () => fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).some((p) => { try { \
+                return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes('37.4159') \
+                && fs.readdirSync(`/proc/${p}/fd`).length === 0; } catch { return false; } });\n\
+                const t = Date.now();\nwhile (!fdless() && Date.now() - t < 5000) \
+                Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);\n\
+                console.log(fdless() ? 'done' : 'not started');";
+    let pids = "console.log(require('fs').readdirSync('/proc').filter((p) => /^\\d+$/.test(p))\
+                .map(Number).sort((a, b) => a - b).join(' '))";
+    leftover_without_descriptors_dies(&engine, "javascript", code, "37.4159", pids).await;
 }
 
 /// Killing everything it can see harms only itself; the fork server keeps serving.

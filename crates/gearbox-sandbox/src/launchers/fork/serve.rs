@@ -268,24 +268,11 @@ fn init(
         maxrss
     );
     send_buf(chan, &buf);
-    if !outputs {
-        // The answer first, the teardown after: every process that holds a descriptor (the
-        // run's output pipes among them) dies now, so the output ends at once; the program's
-        // keeper, which holds none, keeps its address space alive until the server's word
-        // (sent once it has answered) or its going away, and this process's own teardown
-        // waits as long. Tearing both down here took both cores while the server answered.
-        kill_holders();
-        let mut done = [0u8; 8];
-        // SAFETY: reads into a buffer on this stack frame.
-        unsafe { recv(chan, done.as_mut_ptr().cast(), done.len(), 0) };
-    }
-    // Whatever the program left behind dies with this pid namespace.
-    // SAFETY: signals every process of this pid namespace.
-    unsafe { kill(-1, SIGKILL) };
     if outputs {
         // The server reads /work/outputs from outside (beneath /proc/<this pid>/root) once
-        // nothing is left to change it: every other process reaped. It then closes the slot
-        // (or kills this process); either ends the wait.
+        // nothing is left to change it: every other process killed and reaped.
+        // SAFETY: signals every process of this pid namespace.
+        unsafe { kill(-1, SIGKILL) };
         loop {
             let mut status: c_int = 0;
             // SAFETY: waits for this process's children, writing the status on this frame.
@@ -295,10 +282,22 @@ fn init(
             }
         }
         send_str(chan, "{\"t\":\"outputs\"}");
-        let mut done = [0u8; 8];
-        // SAFETY: reads into a buffer on this stack frame.
-        unsafe { recv(chan, done.as_mut_ptr().cast(), done.len(), 0) };
+    } else {
+        // The answer first, the teardown after: every process holding a descriptor (the
+        // run's output pipes among them) dies now, so the output ends with the report; the
+        // program's keeper, which holds none, keeps its address space, and this process its
+        // own, until the server's word below. Tearing both down here took both cores while
+        // the server answered.
+        kill_holders();
     }
+    // The server's word: it closes the slot (or kills this process) `ANSWER_FIRST` after the
+    // outcome, or once it has read the outputs; its going away ends the wait too.
+    let mut done = [0u8; 8];
+    // SAFETY: reads into a buffer on this stack frame.
+    unsafe { recv(chan, done.as_mut_ptr().cast(), done.len(), 0) };
+    // Whatever is left (what held no descriptor) dies with this pid namespace.
+    // SAFETY: signals every process of this pid namespace.
+    unsafe { kill(-1, SIGKILL) };
     // SAFETY: ends this process.
     unsafe { _exit(0) }
 }
@@ -328,12 +327,8 @@ fn kill_holders() {
             if pid == 1 || killed[..n].contains(&pid) {
                 continue;
             }
-            let mut path = Buf::new();
-            let _ = write!(path, "/proc/{pid}/fd");
-            let holds_none = std::str::from_utf8(&path.data[..path.len])
-                .ok()
-                .and_then(|p| std::fs::read_dir(p).ok())
-                .is_some_and(|mut fds| fds.next().is_none());
+            let holds_none = std::fs::read_dir(entry.path().join("fd"))
+                .is_ok_and(|mut fds| fds.next().is_none());
             if holds_none {
                 continue;
             }
