@@ -73,6 +73,7 @@ fn the_native_loops_kernel_constants_are_libcs() {
         SOCK_DGRAM = libc::SOCK_DGRAM,
         SIOCGIFFLAGS = libc::SIOCGIFFLAGS,
         SIOCSIFFLAGS = libc::SIOCSIFFLAGS,
+        FIONREAD = libc::FIONREAD,
         IFF_UP = libc::IFF_UP,
         RLIMIT_CPU = libc::RLIMIT_CPU,
         RLIMIT_FSIZE = libc::RLIMIT_FSIZE,

@@ -84,6 +84,17 @@ function writeFile(name, content, root = '/work') {
 
 function program(native, chan, config) {
   let job;
+  // Before its hand-over: the run's steps rehearsed, so that the pages they write are
+  // copied from the fork server and the code they run is mapped now, not on the request's
+  // path; stopped between two steps once the hand-over begins to arrive.
+  try {
+    for (const step of rehearsal(config)) {
+      if (native.handed()) break;
+      step();
+    }
+  } catch {
+    // A step that fails only leaves its warming to the run.
+  }
   try {
     const [j, files] = readHandover();
     job = j;
@@ -140,66 +151,92 @@ function run(job) {
   Module.runMain();
 }
 
-// What a run uses that Node loads or compiles on first use, done once here instead of in
-// every fork: the modules behind process.stdout and stderr on a pipe (net, stream), the
-// module loader's compile path, and this file's own hand-over path (on a dummy job), then
-// each of a run's own steps that leaves nothing behind (V8 creates a function's feedback
-// and inline caches on its first calls; made here, every fork shares them): its file
-// written (in this fork server's /tmp, then removed) and loaded as a module, its messages
-// sent (to /dev/null), its environment set and cleared.
+// What a run uses that Node loads or compiles on first use, done once in the fork server
+// instead of in every fork: the modules behind process.stdout and stderr on a pipe (net,
+// stream), the module loader's compile path, and this file's own hand-over path (on a dummy
+// job), then each of a run's own steps that leaves nothing behind (V8 creates a function's
+// feedback and inline caches on its first calls; made here, every fork shares them): its
+// file written (in /tmp, then removed) and loaded as a module, its messages sent (to
+// /dev/null), its environment set and cleared. Each program rehearses the same steps again
+// before its hand-over (`program`).
 function warm(config) {
   require('net');
   require('tty');
-  const { Writable } = require('stream');
-  const sink = new Writable({ write(chunk, encoding, callback) { callback(); } });
-  sink.write('1\n');
-  new console.Console(sink, sink).log('%s %d', 'x', 1, { a: [1] });
-  sink.end();
-  const m = new Module('/work/main.js', null);
-  m.filename = '/work/main.js';
-  m.paths = Module._nodeModulePaths('/work');
-  m._compile('module.exports = [1].map((x) => x + 1);\n', '/work/main.js');
-  const header = Buffer.from(JSON.stringify({
-    argv: ['node', 'main.js'], files: [['main.js', 15]], program_argv: ['main.js'],
-    env: config.run_env, limits: { timeout_ms: 1, open_files: 1, file_size_mb: 1 },
-  }));
-  const length = Buffer.alloc(4);
-  length.writeUInt32LE(header.length, 0);
-  const dummy = Buffer.concat([length, header, Buffer.from('console.log(1)\n')]);
-  let at = 0;
-  const [job, files] = readHandover((buf, off, n) => {
-    const k = Math.min(n, dummy.length - at);
-    dummy.copy(buf, off, at, at + k);
-    at += k;
-    return k;
-  });
-  JSON.stringify({ t: 'started', n: job.files.length + files.length });
-  // Best effort: a /tmp that refuses the file only leaves that warming to each run.
-  let dir = null;
-  try {
-    dir = fs.mkdtempSync('/tmp/gearbox-warm-');
-    // Not the dummy job's program: a console here would make this process's stdout.
-    const script = Buffer.from('module.exports = [1].map((x) => x + 1);\n');
-    writeFile(job.program_argv[0], script, dir);
-    Module._load(dir + '/' + job.program_argv[0], null, false);
-  } catch {
-    // Nothing warmed; nothing else changes.
-  } finally {
-    if (dir !== null) {
-      delete Module._cache[dir + '/' + job.program_argv[0]];
+  for (const step of rehearsal(config)) step();
+}
+
+// The steps of `warm`, each leaving nothing behind: the state a run sees is unchanged.
+function rehearsal(config) {
+  let job = null;
+  return [
+    () => {
+      const { Writable } = require('stream');
+      const sink = new Writable({ write(chunk, encoding, callback) { callback(); } });
+      sink.write('1\n');
+      new console.Console(sink, sink).log('%s %d', 'x', 1, { a: [1] });
+      sink.end();
+    },
+    () => {
+      const m = new Module('/work/main.js', null);
+      m.filename = '/work/main.js';
+      m.paths = Module._nodeModulePaths('/work');
+      m._compile('module.exports = [1].map((x) => x + 1);\n', '/work/main.js');
+    },
+    () => {
+      const header = Buffer.from(JSON.stringify({
+        argv: ['node', 'main.js'], files: [['main.js', 15]], program_argv: ['main.js'],
+        env: config.run_env, limits: { timeout_ms: 1, open_files: 1, file_size_mb: 1 },
+      }));
+      const length = Buffer.alloc(4);
+      length.writeUInt32LE(header.length, 0);
+      const dummy = Buffer.concat([length, header, Buffer.from('console.log(1)\n')]);
+      let at = 0;
+      const [j, files] = readHandover((buf, off, n) => {
+        const k = Math.min(n, dummy.length - at);
+        dummy.copy(buf, off, at, at + k);
+        at += k;
+        return k;
+      });
+      job = j;
+      JSON.stringify({ t: 'started', n: job.files.length + files.length });
+    },
+    () => {
+      // Best effort: a /tmp that refuses the file only leaves that warming to each run.
+      let dir = null;
+      const name = job.program_argv[0];
       try {
-        fs.rmSync(dir, { recursive: true, force: true });
+        dir = fs.mkdtempSync('/tmp/gearbox-warm-');
+        // Not the dummy job's program: a console here would write to the process's stdout.
+        writeFile(name, Buffer.from('module.exports = [1].map((x) => x + 1);\n'), dir);
+        Module._load(dir + '/' + name, null, false);
       } catch {
-        // This fork server's own /tmp: no run sees it.
+        // Nothing warmed; nothing else changes.
+      } finally {
+        if (dir !== null) {
+          delete Module._cache[dir + '/' + name];
+          // Removed one by one: `rmSync`'s recursive walk costs more than the rest here.
+          try {
+            fs.unlinkSync(dir + '/' + name);
+          } catch {
+            // Never written: nothing to remove.
+          }
+          try {
+            fs.rmdirSync(dir);
+          } catch {
+            // Cannot be: this process made it and emptied it.
+          }
+        }
       }
-    }
-  }
-  const devNull = fs.openSync('/dev/null', 'w');
-  send(devNull, { t: 'started' });
-  fs.closeSync(devNull);
-  // The dummy job's: the environment every run of this fork server's key is handed.
-  Object.assign(process.env, job.env);
-  for (const k of Object.keys(process.env)) delete process.env[k];
+    },
+    () => {
+      const devNull = fs.openSync('/dev/null', 'w');
+      send(devNull, { t: 'started' });
+      fs.closeSync(devNull);
+      // The dummy job's: the environment every run of this fork server's key is handed.
+      Object.assign(process.env, job.env);
+      for (const k of Object.keys(process.env)) delete process.env[k];
+    },
+  ];
 }
 
 function serve() {

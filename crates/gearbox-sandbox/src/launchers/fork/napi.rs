@@ -141,7 +141,7 @@ fn napi() -> Option<&'static Napi> {
     .as_ref()
 }
 
-/// The module's exports: `serve`, `limits` and `usage`.
+/// The module's exports: `adopt`, `serve`, `handed`, `limits`, `exitCode` and `exit`.
 ///
 /// # Safety
 /// Called by Node with a valid environment and exports object.
@@ -150,9 +150,10 @@ pub unsafe extern "C" fn napi_register_module_v1(env: NapiEnv, exports: NapiValu
     let Some(n) = napi() else {
         return exports;
     };
-    let functions: [(&std::ffi::CStr, NapiCallback); 5] = [
+    let functions: [(&std::ffi::CStr, NapiCallback); 6] = [
         (c"adopt", node_adopt),
         (c"serve", node_serve),
+        (c"handed", node_handed),
         (c"limits", node_limits),
         (c"exitCode", node_exit_code),
         (c"exit", node_exit),
@@ -429,6 +430,23 @@ unsafe fn renew_v8(n: &Napi) -> Result<(), Fail> {
         (n.math_random_reset)(*(context as *const usize));
     }
     Ok(())
+}
+
+/// `handed()`: whether the run's hand-over has begun to arrive on fd 0 (bytes waiting in
+/// the pipe), so that a program rehearsing a run stops and serves it.
+unsafe extern "C" fn node_handed(env: NapiEnv, _info: NapiInfo) -> NapiValue {
+    let mut waiting: c_int = 0;
+    // SAFETY: FIONREAD writes one int on this frame.
+    let r = unsafe { ioctl(0, FIONREAD, &mut waiting) };
+    // A pipe that cannot say counts as handed: the rehearsal stops.
+    let handed = r != 0 || waiting > 0;
+    let Some(n) = napi() else {
+        return std::ptr::null_mut();
+    };
+    let mut value = std::ptr::null_mut();
+    // SAFETY: a Node-API call on the calling environment.
+    unsafe { (n.create_int64)(env, i64::from(handed), &mut value) };
+    value
 }
 
 /// `limits(fileSizeBytes, openFiles, cpuS)`: the run's own rlimits.

@@ -125,6 +125,7 @@ pub(crate) const AF_INET: c_int = 2;
 pub(crate) const SOCK_DGRAM: c_int = 2;
 pub(crate) const SIOCGIFFLAGS: c_ulong = 0x8913;
 pub(crate) const SIOCSIFFLAGS: c_ulong = 0x8914;
+pub(crate) const FIONREAD: c_ulong = 0x541B;
 pub(crate) const IFF_UP: i16 = 1;
 pub(crate) const RLIMIT_CPU: c_int = 0;
 pub(crate) const RLIMIT_CORE: c_int = 4;
