@@ -77,8 +77,10 @@ pub struct JobFile {
     pub content: Vec<u8>,
 }
 
-/// A validated request, ready for a backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A validated request, ready for a backend. [`Job::build`] makes one from a request;
+/// `Default` (an empty job) is for the fixed jobs of probes, tests and benches, which name
+/// only what they set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Job {
     pub language: String,
     /// Command line: the interpreter, its arguments, the entrypoint, the call's args.

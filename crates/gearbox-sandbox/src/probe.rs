@@ -19,20 +19,15 @@ pub fn probe(helper: &Path, mode: Mode) -> BackendReport {
         language: "probe".into(),
         argv: vec!["/bin/sh".into(), "probe.sh".into()],
         program_argv: vec!["probe.sh".into()],
-        launcher: None,
-        env: Default::default(),
         files: vec![JobFile {
             path: "probe.sh".into(),
             content: b"exit 0\n".to_vec(),
         }],
-        stdin: vec![],
         limits: Limits {
             timeout_ms: 5000,
             ..Limits::default()
         },
-        mounts: vec![],
-        egress: None,
-        egress_env: Default::default(),
+        ..Job::default()
     };
     // Run on a private runtime in its own thread: callers may already be inside one.
     let result = std::thread::spawn(move || {

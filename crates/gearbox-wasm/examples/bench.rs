@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use gearbox_core::{Job, JobFile, Limits, Sandbox, Status};
+use gearbox_core::{Job, JobFile, Sandbox, Status};
 use gearbox_wasm::{WasmConfig, WasmSandbox};
 
 fn job() -> Job {
@@ -18,17 +18,11 @@ fn job() -> Job {
         language: "javascript".into(),
         argv: vec!["main.js".into()],
         program_argv: vec!["main.js".into()],
-        launcher: None,
-        env: Default::default(),
         files: vec![JobFile {
             path: "main.js".into(),
             content: b"console.log(1)".to_vec(),
         }],
-        stdin: Vec::new(),
-        limits: Limits::default(),
-        mounts: Vec::new(),
-        egress: None,
-        egress_env: Default::default(),
+        ..Job::default()
     }
 }
 

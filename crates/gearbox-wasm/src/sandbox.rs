@@ -468,21 +468,16 @@ fn probe_job() -> Job {
         language: "javascript".into(),
         argv: vec!["main.js".into()],
         program_argv: vec!["main.js".into()],
-        launcher: None,
-        env: Default::default(),
         files: vec![gearbox_core::JobFile {
             path: "main.js".into(),
             content: Vec::new(),
         }],
-        stdin: Vec::new(),
         limits: gearbox_core::Limits {
             timeout_ms: 5_000,
             memory_mb: 64,
             ..Default::default()
         },
-        mounts: Vec::new(),
-        egress: None,
-        egress_env: Default::default(),
+        ..Job::default()
     }
 }
 

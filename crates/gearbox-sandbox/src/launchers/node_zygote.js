@@ -165,6 +165,9 @@ function warm(config) {
   for (const step of rehearsal(config)) step();
 }
 
+// A module the rehearsal compiles and loads: it prints nothing.
+const REHEARSED_MODULE = 'module.exports = [1].map((x) => x + 1);\n';
+
 // The steps of `warm`, each leaving nothing behind: the state a run sees is unchanged.
 function rehearsal(config) {
   let job = null;
@@ -180,7 +183,7 @@ function rehearsal(config) {
       const m = new Module('/work/main.js', null);
       m.filename = '/work/main.js';
       m.paths = Module._nodeModulePaths('/work');
-      m._compile('module.exports = [1].map((x) => x + 1);\n', '/work/main.js');
+      m._compile(REHEARSED_MODULE, '/work/main.js');
     },
     () => {
       const header = Buffer.from(JSON.stringify({
@@ -207,7 +210,7 @@ function rehearsal(config) {
       try {
         dir = fs.mkdtempSync('/tmp/gearbox-warm-');
         // Not the dummy job's program: a console here would write to the process's stdout.
-        writeFile(name, Buffer.from('module.exports = [1].map((x) => x + 1);\n'), dir);
+        writeFile(name, Buffer.from(REHEARSED_MODULE), dir);
         Module._load(dir + '/' + name, null, false);
       } catch {
         // Nothing warmed; nothing else changes.

@@ -24,21 +24,16 @@ pub fn job(code: &str) -> Job {
         language: "javascript".into(),
         argv: vec!["/usr/bin/node".into(), "main.js".into()],
         program_argv: vec!["main.js".into()],
-        launcher: None,
-        env: Default::default(),
         files: vec![JobFile {
             path: "main.js".into(),
             content: code.as_bytes().to_vec(),
         }],
-        stdin: Vec::new(),
         limits: Limits {
             timeout_ms: 10_000,
             memory_mb: 128,
             ..Limits::default()
         },
-        mounts: Vec::new(),
-        egress: None,
-        egress_env: Default::default(),
+        ..Job::default()
     }
 }
 
