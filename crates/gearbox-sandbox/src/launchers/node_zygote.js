@@ -96,6 +96,13 @@ function program(native, chan, config) {
     // A step that fails only leaves its warming to the run.
   }
   try {
+    // What the steps queued (their streams' write and finish callbacks) runs now, not
+    // after the run's own code, where the run would see it and wait for it.
+    process._tickCallback();
+  } catch {
+    // Nothing the steps queue throws; if it did, the rest would run after the program.
+  }
+  try {
     const [j, files] = readHandover();
     job = j;
     job.files.forEach(([name], i) => writeFile(name, files[i]));
@@ -163,6 +170,10 @@ function warm(config) {
   require('net');
   require('tty');
   for (const step of rehearsal(config)) step();
+  // The callbacks the steps queued run here, compiled and run once, instead of in every
+  // program after its own code (a fork inherits the queue: nothing runs it in the fork
+  // server, whose script never returns to the event loop).
+  process._tickCallback();
 }
 
 // A module the rehearsal compiles and loads: it prints nothing.

@@ -682,3 +682,21 @@ async fn a_warm_node_program_starts_as_a_cold_one_does() {
     assert!(out.contains("[\"TMPDIR\",\"/tmp\"]"), "{out}");
     assert!(out.ends_with("[\"/work/main.js\"]\n"), "{out}");
 }
+
+/// A warm Node program runs no callback it did not queue: what the fork server's warming
+/// and the program's rehearsal queue (their streams' write and finish callbacks) has run
+/// before the hand-over, so an async hook the program installs first sees every callback's
+/// resource created, as in a cold run, and nothing of the rehearsal runs after its code.
+#[tokio::test]
+async fn a_warm_node_program_runs_no_callback_it_did_not_queue() {
+    let probe = "const seen = new Set();\n\
+        const foreign = [];\n\
+        require('async_hooks').createHook({\n\
+          init(id) { seen.add(id); },\n\
+          before(id) { if (!seen.has(id)) foreign.push(id); },\n\
+        }).enable();\n\
+        setImmediate(() => {});\n\
+        process.on('exit', () => console.log(`callbacks of resources not seen created: ${foreign.length}`));\n";
+    let out = same_on_every_path("javascript", probe).await;
+    assert_eq!(out, "callbacks of resources not seen created: 0\n");
+}
