@@ -131,6 +131,10 @@ pub fn finish_root(spec: &JailSpec, mounts: Mounts, files: &[Vec<u8>]) -> Result
         }) => {
             if *fork_server {
                 write_fork_server_files(root, spec)?;
+                if name == "node-zygote" {
+                    fs::write(root.join(".gearbox/rehearsed.js"), NODE_REHEARSED_MODULE)
+                        .step(Step::WriteLauncher)?;
+                }
             }
             // The exec fork server runs the binary's own code: no script.
             Some(name).filter(|n| n.as_str() != crate::fork_server::EXEC_FORK_SERVER)
@@ -172,6 +176,11 @@ pub fn finish_root(spec: &JailSpec, mounts: Mounts, files: &[Vec<u8>]) -> Result
 
 /// The fork server's native loop (`launchers/fork/`, built by `build.rs`).
 const FORK_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fork.so"));
+
+/// The module Node's fork server and its programs load in their rehearsal of a run
+/// (`node_zygote.js`), from the read-only root: the loader caches by path what it finds on
+/// its way up from a module, and no run can change a path above this one.
+const NODE_REHEARSED_MODULE: &str = "module.exports = [1].map((x) => x + 1);\n";
 
 /// What a fork server needs beside its script (`launchers/python_zygote.py`, `node_zygote.js`): its
 /// native loop, empty mount points for each run's scratch and /proc, the seccomp policy in

@@ -176,13 +176,22 @@ function warm(config) {
   process._tickCallback();
 }
 
-// A module the rehearsal compiles and loads: it prints nothing.
-const REHEARSED_MODULE = 'module.exports = [1].map((x) => x + 1);\n';
+// A module the rehearsal compiles and loads: it prints nothing. Written into the read-only
+// root with this script (`mount.rs`, `NODE_REHEARSED_MODULE`) and loaded from there: the
+// module loader caches by path what it finds on its way up from a module (which
+// `package.json` governs it, or that none does; real paths), and every path on the way up
+// from `/.gearbox` is one no run can change. Loaded from /tmp, it left `/tmp/package.json`
+// cached as absent in every program, where a run may create it.
+const REHEARSED_MODULE_PATH = '/.gearbox/rehearsed.js';
 
 // The steps of `warm`, each leaving nothing behind: the state a run sees is unchanged.
 function rehearsal(config) {
   let job = null;
+  let source = null;
   return [
+    () => {
+      source = fs.readFileSync(REHEARSED_MODULE_PATH, 'utf8');
+    },
     () => {
       const { Writable } = require('stream');
       const sink = new Writable({ write(chunk, encoding, callback) { callback(); } });
@@ -194,7 +203,7 @@ function rehearsal(config) {
       const m = new Module('/work/main.js', null);
       m.filename = '/work/main.js';
       m.paths = Module._nodeModulePaths('/work');
-      m._compile(REHEARSED_MODULE, '/work/main.js');
+      m._compile(source, '/work/main.js');
     },
     () => {
       const header = Buffer.from(JSON.stringify({
@@ -221,13 +230,11 @@ function rehearsal(config) {
       try {
         dir = fs.mkdtempSync('/tmp/gearbox-warm-');
         // Not the dummy job's program: a console here would write to the process's stdout.
-        writeFile(name, Buffer.from(REHEARSED_MODULE), dir);
-        Module._load(dir + '/' + name, null, false);
+        writeFile(name, Buffer.from(source), dir);
       } catch {
         // Nothing warmed; nothing else changes.
       } finally {
         if (dir !== null) {
-          delete Module._cache[dir + '/' + name];
           // Removed one by one: `rmSync`'s recursive walk costs more than the rest here.
           try {
             fs.unlinkSync(dir + '/' + name);
@@ -240,6 +247,13 @@ function rehearsal(config) {
             // Cannot be: this process made it and emptied it.
           }
         }
+      }
+    },
+    () => {
+      try {
+        Module._load(REHEARSED_MODULE_PATH, null, false);
+      } finally {
+        delete Module._cache[REHEARSED_MODULE_PATH];
       }
     },
     () => {

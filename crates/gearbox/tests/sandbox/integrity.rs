@@ -700,3 +700,18 @@ async fn a_warm_node_program_runs_no_callback_it_did_not_queue() {
     let out = same_on_every_path("javascript", probe).await;
     assert_eq!(out, "callbacks of resources not seen created: 0\n");
 }
+
+/// A warm Node program finds the package scopes a cold one does. The module loader caches,
+/// by path, which `package.json` governs a file (and that none does), so no warming may load
+/// a module from where a run can write: a `/tmp/package.json` the program writes then decides
+/// how `/tmp`'s files load, as in a cold run (`"type": "module"`: not as CommonJS).
+#[tokio::test]
+async fn a_warm_node_program_finds_the_package_scopes_a_cold_one_does() {
+    let probe = "const fs = require('fs');\n\
+        fs.writeFileSync('/tmp/package.json', '{\"type\": \"module\"}');\n\
+        fs.writeFileSync('/tmp/m.js', 'module.exports = 1;\\n');\n\
+        try { require('/tmp/m.js'); console.log('/tmp/m.js loaded as CommonJS'); }\n\
+        catch { console.log('/tmp/m.js not loaded as CommonJS'); }\n";
+    let out = same_on_every_path("javascript", probe).await;
+    assert_eq!(out, "/tmp/m.js not loaded as CommonJS\n");
+}
