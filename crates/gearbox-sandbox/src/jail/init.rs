@@ -337,6 +337,10 @@ fn exec_fork_server(
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BUILD_NICE) } != 0 {
         return std::io::Error::last_os_error();
     }
+    // The interpreter starts as a cold run's does, every signal at its default: an ignored
+    // one survives `execve` and every fork, and the helper's process ignores some (SIGPIPE,
+    // and the C library's reserved 32 and 33 where the server's own parent did).
+    super::reset_signals();
     match nix::unistd::execve(path, argv, envp) {
         Err(e) => e.into(),
         Ok(never) => match never {},

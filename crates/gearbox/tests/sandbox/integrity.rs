@@ -715,3 +715,23 @@ async fn a_warm_node_program_finds_the_package_scopes_a_cold_one_does() {
     let out = same_on_every_path("javascript", probe).await;
     assert_eq!(out, "/tmp/m.js not loaded as CommonJS\n");
 }
+
+/// A warm Python or Node program's signal dispositions are a cold one's: its fork server's
+/// interpreter starts with every signal at its default, as a cold program does, so nothing
+/// ignored where the server was started (the C library's reserved 32 and 33 included) is
+/// ignored in a run or in what it starts.
+#[tokio::test]
+async fn warm_programs_start_with_a_cold_ones_signal_dispositions() {
+    for (language, probe) in [
+        (
+            "python",
+            "print([l for l in open('/proc/self/status').read().splitlines() if l.startswith(('SigIgn', 'SigBlk'))])\n",
+        ),
+        (
+            "javascript",
+            "console.log(require('fs').readFileSync('/proc/self/status', 'utf8').split('\\n').filter((l) => /^Sig(Ign|Blk)/.test(l)).join(' '));\n",
+        ),
+    ] {
+        same_on_every_path(language, probe).await;
+    }
+}
