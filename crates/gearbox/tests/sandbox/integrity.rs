@@ -735,3 +735,21 @@ async fn warm_programs_start_with_a_cold_ones_signal_dispositions() {
         same_on_every_path(language, probe).await;
     }
 }
+
+/// A warm Python program imports what it writes, as a cold one does: no warming leaves an
+/// importer's cached view of a directory a run can write (its finders are the read-only
+/// root's), so a module the program writes to /tmp or /work, then imports, is found.
+#[tokio::test]
+async fn a_warm_python_program_imports_the_modules_it_writes() {
+    let probe = "import sys\n\
+        for d in ('/tmp', '/work'):\n\
+        \x20   open(d + '/written_now.py', 'w').write('WHERE = %r\\n' % d)\n\
+        \x20   sys.path.insert(0, d)\n\
+        \x20   import written_now\n\
+        \x20   print(written_now.WHERE)\n\
+        \x20   del sys.modules['written_now']\n\
+        \x20   sys.path.pop(0)\n\
+        print(sorted(k for k in sys.path_importer_cache if k.startswith(('/tmp', '/dev/shm'))))\n";
+    let out = same_on_every_path("python", probe).await;
+    assert_eq!(out, "/tmp\n/work\n['/tmp']\n");
+}
