@@ -339,7 +339,7 @@ fn exec_fork_server(
     }
     // The interpreter starts as a cold run's does, every signal at its default: an ignored
     // one survives `execve` and every fork, and the helper's process ignores some (SIGPIPE,
-    // and the C library's reserved 32 and 33 where the server's own parent did).
+    // and, as measured in the static helper, the C library's reserved 32 and 33).
     super::reset_signals();
     match nix::unistd::execve(path, argv, envp) {
         Err(e) => e.into(),
