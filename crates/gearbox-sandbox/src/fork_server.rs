@@ -66,11 +66,14 @@ const ANSWER_FIRST: Duration = Duration::from_millis(1);
 /// code (`jail/exec_zygote.rs`), each program an `execve` of the run's command.
 pub(crate) const EXEC_FORK_SERVER: &str = "exec-zygote";
 
+/// Node's fork server (`launchers/node_zygote.js`).
+pub(crate) const NODE_FORK_SERVER: &str = "node-zygote";
+
 /// The built-in launchers that have a fork server, by launcher name.
 pub(crate) fn launcher_of(launcher: &str) -> Option<&'static str> {
     match launcher {
         "python" => Some("python-zygote"),
-        "node" => Some("node-zygote"),
+        "node" => Some(NODE_FORK_SERVER),
         _ => None,
     }
 }
@@ -83,7 +86,7 @@ pub(crate) fn launcher_of(launcher: &str) -> Option<&'static str> {
 /// docs/PERFORMANCE.md).
 fn interpreter_options(launcher: &str) -> &'static [&'static str] {
     match launcher {
-        "node-zygote" => &["--single-threaded", "--no-lazy"],
+        NODE_FORK_SERVER => &["--single-threaded", "--no-lazy"],
         _ => &[],
     }
 }

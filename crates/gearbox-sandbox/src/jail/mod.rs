@@ -114,7 +114,7 @@ pub(crate) fn launcher_script(name: &str) -> Option<&'static str> {
         "node" => Some(include_str!("../launchers/node.js")),
         "node-live" => Some(include_str!("../launchers/node_live.js")),
         "python-zygote" => Some(include_str!("../launchers/python_zygote.py")),
-        "node-zygote" => Some(include_str!("../launchers/node_zygote.js")),
+        crate::fork_server::NODE_FORK_SERVER => Some(include_str!("../launchers/node_zygote.js")),
         _ => None,
     }
 }

@@ -130,11 +130,7 @@ pub fn finish_root(spec: &JailSpec, mounts: Mounts, files: &[Vec<u8>]) -> Result
             fork_server,
         }) => {
             if *fork_server {
-                write_fork_server_files(root, spec)?;
-                if name == "node-zygote" {
-                    fs::write(root.join(".gearbox/rehearsed.js"), NODE_REHEARSED_MODULE)
-                        .step(Step::WriteLauncher)?;
-                }
+                write_fork_server_files(root, spec, name)?;
             }
             // The exec fork server runs the binary's own code: no script.
             Some(name).filter(|n| n.as_str() != crate::fork_server::EXEC_FORK_SERVER)
@@ -186,10 +182,14 @@ const NODE_REHEARSED_MODULE: &str = "module.exports = [1].map((x) => x + 1);\n";
 /// native loop, empty mount points for each run's scratch and /proc, the seccomp policy in
 /// two parts (`seccomp-server-N.bpf`, which the fork server installs in itself, and
 /// `seccomp-N.bpf`, which each program adds: together the cold path's filters, see
-/// `seccomp::compile_split`), the limits its programs apply to themselves, and the
-/// environment each run of its key is handed (its programs rehearse a run with it).
-fn write_fork_server_files(root: &Path, spec: &JailSpec) -> Result<(), StepError> {
+/// `seccomp::compile_split`), the limits its programs apply to themselves, the environment
+/// each run of its key is handed (its programs rehearse a run with it), and for Node's the
+/// module its rehearsal loads (`rehearsed.js`, [`NODE_REHEARSED_MODULE`]).
+fn write_fork_server_files(root: &Path, spec: &JailSpec, launcher: &str) -> Result<(), StepError> {
     let dir = root.join(".gearbox");
+    if launcher == crate::fork_server::NODE_FORK_SERVER {
+        fs::write(dir.join("rehearsed.js"), NODE_REHEARSED_MODULE).step(Step::WriteLauncher)?;
+    }
     for sub in ["stage", "proc"] {
         fs::create_dir_all(dir.join(sub)).step(Step::CreateForkServerMountPoints)?;
     }

@@ -82,13 +82,13 @@ function writeFile(name, content, root = '/work') {
   }
 }
 
-function program(native, chan, config) {
+function program(native, chan, config, source) {
   let job;
   // Before its hand-over: the run's steps rehearsed, so that the pages they write are
   // copied from the fork server and the code they run is mapped now, not on the request's
   // path; stopped between two steps once the hand-over begins to arrive.
   try {
-    for (const step of rehearsal(config)) {
+    for (const step of rehearsal(config, source)) {
       if (native.handed()) break;
       step();
     }
@@ -163,13 +163,13 @@ function run(job) {
 // stream), the module loader's compile path, and this file's own hand-over path (on a dummy
 // job), then each of a run's own steps that leaves nothing behind (V8 creates a function's
 // feedback and inline caches on its first calls; made here, every fork shares them): its
-// file written (in /tmp, then removed) and loaded as a module, its messages sent (to
-// /dev/null), its environment set and cleared. Each program rehearses the same steps again
-// before its hand-over (`program`).
-function warm(config) {
+// file written (in /tmp, then removed), a module loaded (from the read-only root), its
+// messages sent (to /dev/null), its environment set and cleared. Each program rehearses the
+// same steps again before its hand-over (`program`).
+function warm(config, source) {
   require('net');
   require('tty');
-  for (const step of rehearsal(config)) step();
+  for (const step of rehearsal(config, source)) step();
   // The callbacks the steps queued run here, compiled and run once, instead of in every
   // program after its own code (a fork inherits the queue: nothing runs it in the fork
   // server, whose script never returns to the event loop).
@@ -185,13 +185,10 @@ function warm(config) {
 const REHEARSED_MODULE_PATH = '/.gearbox/rehearsed.js';
 
 // The steps of `warm`, each leaving nothing behind: the state a run sees is unchanged.
-function rehearsal(config) {
+// `source`: the rehearsed module's, read once by the fork server.
+function rehearsal(config, source) {
   let job = null;
-  let source = null;
   return [
-    () => {
-      source = fs.readFileSync(REHEARSED_MODULE_PATH, 'utf8');
-    },
     () => {
       const { Writable } = require('stream');
       const sink = new Writable({ write(chunk, encoding, callback) { callback(); } });
@@ -269,19 +266,20 @@ function rehearsal(config) {
 
 function serve() {
   const config = JSON.parse(fs.readFileSync('/.gearbox/zygote.json', 'utf8'));
+  const source = fs.readFileSync(REHEARSED_MODULE_PATH, 'utf8');
   const native = { exports: {} };
   process.dlopen(native, '/.gearbox/fork.so');
   native.exports.adopt();
   // A program's environment is its job's alone.
   for (const k of Object.keys(process.env)) delete process.env[k];
-  warm(config);
+  warm(config, source);
   const handed = native.exports.serve(CONTROL_FD, config.disk_mb, config.open_files, config.cpu_s);
   if (handed === null) process.reallyExit(0);
   const [chan, pid, ppid] = handed;
   // Node read these once, in the fork server.
   Object.defineProperty(process, 'pid', { value: pid, enumerable: true, configurable: true });
   Object.defineProperty(process, 'ppid', { value: ppid, writable: true, enumerable: true, configurable: true });
-  program(native.exports, chan, config);
+  program(native.exports, chan, config, source);
 }
 
 serve();
