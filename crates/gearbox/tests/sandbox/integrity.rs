@@ -755,3 +755,51 @@ async fn a_warm_python_program_imports_the_modules_it_writes() {
     let out = same_on_every_path("python", probe).await;
     assert_eq!(out, "[]\n/tmp\n/work\n");
 }
+
+/// A program reaches into its run's init on no path more than on the cold one. As root,
+/// init's /proc files belong to its user namespace's root, which the run does not map, so a
+/// program lists none of init's descriptors and can write none of the files an owner may
+/// write (its OOM score among them): the cold path's init changed its ids and is not
+/// dumpable, and a fork server's init (which was dumpable, owned by the sandbox user) now
+/// says so. Unprivileged, init keeps its ids and stays dumpable on every path (the helper,
+/// outside, samples the run's memory through `/proc/<init>/root`, which the kernel grants a
+/// user without root only for a dumpable process): the program can list init's descriptors,
+/// but writes nothing of init's either way. The program's own /proc files are its own.
+#[tokio::test]
+async fn init_is_out_of_a_programs_reach_on_every_path() {
+    let probes = [
+        (
+            "python",
+            "import os\n\
+             print(os.stat('/proc/1/status').st_uid, os.stat('/proc/self/status').st_uid)\n\
+             for what, f in (('fds', lambda: os.listdir('/proc/1/fd')), ('oom', lambda: open('/proc/1/oom_score_adj', 'w').write('1000'))):\n\
+             \x20   try:\n\
+             \x20       f(); print(what, 'reached')\n\
+             \x20   except PermissionError:\n\
+             \x20       print(what, 'denied')\n",
+        ),
+        (
+            "javascript",
+            "const fs = require('fs');\n\
+             console.log(fs.statSync('/proc/1/status').uid, fs.statSync('/proc/self/status').uid);\n\
+             for (const [what, f] of [['fds', () => fs.readdirSync('/proc/1/fd')], ['oom', () => fs.writeFileSync('/proc/1/oom_score_adj', '1000')]]) {\n\
+             \x20 try { f(); console.log(what, 'reached'); } catch (e) { console.log(what, e.code === 'EACCES' ? 'denied' : e.code); }\n\
+             }\n",
+        ),
+        (
+            "bash",
+            "echo $(stat -c %u /proc/1/status) $(stat -c %u /proc/self/status)\n\
+             ls /proc/1/fd >/dev/null 2>&1 && echo fds reached || echo fds denied\n\
+             (echo 1000 > /proc/1/oom_score_adj) 2>/dev/null && echo oom reached || echo oom denied\n",
+        ),
+    ];
+    for (language, probe) in probes {
+        let out = same_on_every_path(language, probe).await;
+        let want = if crate::support::is_root() {
+            "65534 1000\nfds denied\noom denied\n"
+        } else {
+            "1000 1000\nfds reached\noom denied\n"
+        };
+        assert_eq!(out, want, "{language}");
+    }
+}

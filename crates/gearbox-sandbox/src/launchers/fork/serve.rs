@@ -226,9 +226,26 @@ fn init(
         // SAFETY: ends this process.
         unsafe { _exit(1) };
     }
+    // Init is not dumpable from here on, as the cold path's init is (it changed its ids):
+    // its /proc files belong to its user namespace's root, which the run does not map, so
+    // the program can neither list init's descriptors nor write what an owner may write
+    // there. Set before the fork, so that the program never runs beside a dumpable init;
+    // the program is dumpable again at once, as a cold program is after its exec.
+    // SAFETY: prctl takes integers.
+    if unsafe { prctl(PR_SET_DUMPABLE, 0 as c_ulong) } != 0 {
+        send_failed(chan, &Fail::new("make init undumpable", errno()));
+        // SAFETY: ends this process.
+        unsafe { _exit(1) };
+    }
     // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
     let child = unsafe { fork() };
     if child == 0 {
+        // SAFETY: prctl takes integers.
+        if unsafe { prctl(PR_SET_DUMPABLE, 1 as c_ulong) } != 0 {
+            send_failed(chan, &Fail::new("make the program dumpable", errno()));
+            // SAFETY: ends this process.
+            unsafe { _exit(1) };
+        }
         return program(config, openssl, [chan, stdin, stdout, stderr], keeper);
     }
     if child < 0 {

@@ -133,6 +133,7 @@ pub(crate) const RLIMIT_NOFILE: c_int = 7;
 pub(crate) const RLIMIT_SIGPENDING: c_int = 11;
 pub(crate) const RLIMIT_MSGQUEUE: c_int = 12;
 pub(crate) const RUSAGE_CHILDREN: c_int = -1;
+pub(crate) const PR_SET_DUMPABLE: c_int = 4;
 pub(crate) const PR_SET_NAME: c_int = 15;
 pub(crate) const PR_CAPBSET_DROP: c_int = 24;
 pub(crate) const PR_SET_SECCOMP: c_int = 22;
