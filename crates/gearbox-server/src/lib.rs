@@ -31,6 +31,7 @@ mod schema;
 mod server;
 mod sessions;
 mod snippets;
+mod stdio_lines;
 mod tools;
 
 use std::sync::Arc;
@@ -152,7 +153,13 @@ pub async fn serve_stdio(engine: Arc<Engine>, opts: ServeOptions) -> anyhow::Res
     tracing::info!(tools = ?server.tool_names(), "serving MCP over stdio");
     let running = server
         .clone()
-        .serve(rmcp::transport::stdio_pipes())
+        .serve({
+            let (read, write) = rmcp::transport::stdio_pipes();
+            (
+                stdio_lines::BoundedLines::new(read, stdio_lines::MAX_LINE),
+                write,
+            )
+        })
         .await
         .context("starting the MCP session on stdio")?;
     let reason = running.waiting().await.context("serving MCP on stdio")?;

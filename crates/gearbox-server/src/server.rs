@@ -9,10 +9,11 @@ use gearbox_core::{BackendKind, ExecRequest, Gear, Outcome};
 use gearbox_engine::Engine;
 use gearbox_engine::config::ToolProfile;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ResourceContents,
-    ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, ErrorCode,
+    Implementation, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig,
+    Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -842,4 +843,58 @@ impl ServerHandler for GearboxServer {
         };
         Ok(result.into())
     }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        Err(unread_request_error(&request.method, request.params))
+    }
+}
+
+/// The answer to a request rmcp could not read as one it knows (it arrives as a custom
+/// request): an unknown method is "method not found"; a method this server serves whose
+/// params do not fit is "invalid params" (-32602), naming what does not fit, as JSON-RPC
+/// says and the official Python SDK answers (rmcp's default said "method not found" for a
+/// method the server lists). The stand-in for a request too long to read on stdio is answered
+/// here too.
+fn unread_request_error(method: &str, params: Option<Value>) -> McpError {
+    fn why<T: serde::de::DeserializeOwned>(params: Option<Value>) -> String {
+        match params {
+            None => "params are missing".to_string(),
+            Some(p) => match serde_json::from_value::<T>(p) {
+                Err(e) => e.to_string(),
+                // Read alone they fit: what did not is elsewhere in the request (`_meta`).
+                Ok(_) => "the request does not fit its schema".to_string(),
+            },
+        }
+    }
+    if method == crate::stdio_lines::OVERSIZED_METHOD {
+        // The stand-in for a request too long to read (`stdio_lines.rs`).
+        let size = |k: &str| {
+            params
+                .as_ref()
+                .and_then(|p| p.get(k))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        return McpError::invalid_request(
+            format!(
+                "the request was not read: it is {} bytes, over the {} bytes a message on stdio may be",
+                size("bytes"),
+                size("limit")
+            ),
+            None,
+        );
+    }
+    let why = match method {
+        "tools/call" => why::<CallToolRequestParams>(params),
+        "resources/read" => why::<ReadResourceRequestParams>(params),
+        "tools/list" | "resources/list" | "resources/templates/list" => {
+            why::<PaginatedRequestParams>(params)
+        }
+        _ => return McpError::new(ErrorCode::METHOD_NOT_FOUND, method.to_string(), None),
+    };
+    McpError::invalid_params(format!("invalid params for {method}: {why}"), None)
 }

@@ -877,9 +877,88 @@ async fn stateless_2026_07_28_revision_runs_code() {
     assert_eq!(r.structured_content.expect("structured")["stdout"], "42\n");
 }
 
+/// A request longer than a message on stdio may be (16 MiB) is not read, and its id is
+/// answered with an error that says so (the transport alone would drop it, and its caller
+/// would wait for ever); one with a string id, or with its id after the long params, too. A
+/// long notification is dropped. The next call is answered as usual.
+#[tokio::test]
+async fn an_oversized_request_on_stdio_is_answered_with_an_error() {
+    use std::collections::HashMap;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
+        .arg("serve")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn gearbox serve");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}});
+    let big = "a".repeat(17 << 20);
+    let call = |id: &str, stdin: &str, id_last: bool| {
+        let params = format!(
+            r#""params":{{"name":"execute_code","arguments":{{"language":"python","code":"import sys; print(len(sys.stdin.read()))","stdin":"{stdin}","env":{{"id":"not this"}}}}}}"#
+        );
+        if id_last {
+            format!(r#"{{"jsonrpc":"2.0","method":"tools/call",{params},"id":{id}}}"#)
+        } else {
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call",{params}}}"#)
+        }
+    };
+    let string_id = r#""big-\"three\"""#;
+    let mut input = [
+        init.to_string(),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_string(),
+        call("2", &big, false),
+        call(string_id, &big, true),
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{big}"}}}}"#
+        ),
+        call("4", "abc", false),
+    ]
+    .join("\n");
+    input.push('\n');
+    let writer = tokio::spawn(async move {
+        stdin.write_all(input.as_bytes()).await.expect("write");
+        stdin.flush().await.expect("flush");
+        stdin
+    });
+    let mut answers: HashMap<String, Value> = HashMap::new();
+    while answers.len() < 4 {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no more answers within 60 s; have {answers:?}"))
+            .expect("read")
+            .expect("the server closed stdout early");
+        let v: Value = serde_json::from_str(&line).expect("every line the server writes is JSON");
+        answers.insert(v["id"].to_string(), v);
+    }
+    let _stdin = writer.await.expect("writer");
+    assert!(answers["1"]["result"]["serverInfo"].is_object());
+    for id in ["2", string_id] {
+        let v = &answers[id];
+        assert_eq!(v["error"]["code"], json!(-32600), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("not read") && message.contains("16777215"),
+            "{v}"
+        );
+    }
+    assert_eq!(
+        answers["4"]["result"]["structuredContent"]["stdout"], "3\n",
+        "{:?}",
+        answers["4"]
+    );
+}
+
 /// What a broken or hostile client writes on stdio, as raw bytes: lines that are not JSON,
-/// JSON that is not JSON-RPC, wrong types, an unknown method, a 16 MiB line, invalid UTF-8.
-/// Each gets a JSON-RPC error or is dropped; the server never dies and answers the next
+/// JSON that is not JSON-RPC, wrong types, an unknown method, params that do not fit a
+/// method the server serves, a 16 MiB line, invalid UTF-8. Each gets a JSON-RPC error or is
+/// dropped; the server never dies and answers the next
 /// well-formed call correctly.
 #[tokio::test]
 async fn hostile_bytes_on_stdio_never_stop_the_server() {
@@ -970,6 +1049,31 @@ async fn hostile_bytes_on_stdio_never_stop_the_server() {
     .await;
     let v = answer(&mut lines, 3).await;
     assert_eq!(v["error"]["code"], json!(-32601), "{v}");
+    // A method the server serves, with params that do not fit: "invalid params" naming what
+    // does not fit, never "method not found".
+    for (id, line, names) in [
+        (
+            5,
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call"}"#,
+            "params are missing",
+        ),
+        (
+            6,
+            r#"{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{}}"#,
+            "`uri`",
+        ),
+        (
+            7,
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"execute_code","arguments":"print(1)"}}"#,
+            "expected a map",
+        ),
+    ] {
+        send(&mut stdin, line.as_bytes()).await;
+        let v = answer(&mut lines, id).await;
+        assert_eq!(v["error"]["code"], json!(-32602), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{v}");
+    }
     send(
         &mut stdin,
         br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"python","code":"print(6*7)"}}}"#,
