@@ -870,20 +870,15 @@ fn unread_request_error(method: &str, params: Option<Value>) -> McpError {
             },
         }
     }
-    if method == crate::stdio_lines::OVERSIZED_METHOD {
-        // The stand-in for a request too long to read (`stdio_lines.rs`).
-        let size = |k: &str| {
-            params
-                .as_ref()
-                .and_then(|p| p.get(k))
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-        };
+    let size = |k: &str| params.as_ref()?.get(k)?.as_u64();
+    if method == crate::stdio_lines::OVERSIZED_METHOD
+        && let (Some(bytes), Some(limit)) = (size("bytes"), size("limit"))
+    {
+        // The stand-in for a request too long to read (`stdio_lines.rs`). Sent by a client,
+        // without both figures, it is an unknown method like any other.
         return McpError::invalid_request(
             format!(
-                "the request was not read: it is {} bytes, over the {} bytes a message on stdio may be",
-                size("bytes"),
-                size("limit")
+                "the request was not read: it is {bytes} bytes, over the {limit} bytes a message on stdio may be"
             ),
             None,
         );
