@@ -10,8 +10,8 @@ use gearbox_engine::Engine;
 use gearbox_engine::config::ToolProfile;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, ErrorCode,
-    Implementation, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
+    Implementation, InitializeRequestParams, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, ResourceContents, ServerCapabilities, ServerConfig,
     Tool,
 };
@@ -884,6 +884,7 @@ fn unread_request_error(method: &str, params: Option<Value>) -> McpError {
         );
     }
     let why = match method {
+        "initialize" => why::<InitializeRequestParams>(params),
         "tools/call" => why::<CallToolRequestParams>(params),
         "resources/read" => why::<ReadResourceRequestParams>(params),
         "tools/list" | "resources/list" | "resources/templates/list" => {

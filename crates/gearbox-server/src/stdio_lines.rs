@@ -93,7 +93,12 @@ impl<R> BoundedLines<R> {
     fn end_line(&mut self) {
         match self.dropping.take() {
             None => {
-                self.out.append(&mut self.line);
+                if self.out.is_empty() {
+                    // The usual case: the line becomes the output without a copy.
+                    std::mem::swap(&mut self.out, &mut self.line);
+                } else {
+                    self.out.append(&mut self.line);
+                }
                 self.out.push(b'\n');
             }
             Some((len, scan)) => match scan.finish() {

@@ -1067,6 +1067,11 @@ async fn hostile_bytes_on_stdio_never_stop_the_server() {
             r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"execute_code","arguments":"print(1)"}}"#,
             "expected a map",
         ),
+        (
+            8,
+            r#"{"jsonrpc":"2.0","id":8,"method":"initialize","params":{}}"#,
+            "`protocolVersion`",
+        ),
     ] {
         send(&mut stdin, line.as_bytes()).await;
         let v = answer(&mut lines, id).await;
