@@ -225,6 +225,49 @@ async fn deleting_a_session_answers_200_and_ends_it() {
     );
 }
 
+/// Over HTTP as over stdio, a method the server serves whose params do not fit is a JSON-RPC
+/// error -32602 naming what does not fit, with the request's id; an unknown method is -32601.
+#[tokio::test]
+async fn params_that_do_not_fit_are_invalid_params_over_http() {
+    let d = Daemon::start(Opts::default()).await;
+    let sid = raw_session(&d, ALICE).await;
+    for (id, body, code, names) in [
+        (
+            11,
+            json!({"jsonrpc": "2.0", "id": 11, "method": "resources/read", "params": {}}),
+            -32602,
+            "`uri`",
+        ),
+        (
+            12,
+            json!({"jsonrpc": "2.0", "id": 12, "method": "tools/call",
+                "params": {"name": "execute_code", "arguments": "print(1)"}}),
+            -32602,
+            "expected a map",
+        ),
+        (
+            13,
+            json!({"jsonrpc": "2.0", "id": 13, "method": "no/such/method"}),
+            -32601,
+            "no/such/method",
+        ),
+    ] {
+        let r = mcp_post(&d.url("/mcp"))
+            .bearer_auth(ALICE)
+            .header("mcp-session-id", &sid)
+            .header("mcp-protocol-version", "2025-03-26")
+            .json(&body)
+            .send()
+            .await
+            .expect("post");
+        let text = r.text().await.expect("body");
+        let v = rpc_result(&text, id).unwrap_or_else(|| panic!("no answer to {id}: {text}"));
+        assert_eq!(v["error"]["code"], json!(code), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{v}");
+    }
+}
+
 /// The JSON-RPC message with `id` in an SSE or JSON response body.
 fn rpc_result(body: &str, id: i64) -> Option<Value> {
     let candidates: Vec<Value> = if body.trim_start().starts_with('{') {
