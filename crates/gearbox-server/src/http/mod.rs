@@ -351,6 +351,59 @@ fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Re
     r
 }
 
+/// Middleware: a POST to `/mcp` whose JSON body cannot be read is a `400 Bad Request` with a
+/// JSON-RPC error (`id` null), as the official TypeScript and Python SDKs' servers answer:
+/// `-32700 Parse error` when the body is not JSON, `-32600 Invalid Request` when it is JSON
+/// but no JSON-RPC message. The transport alone answers both `415 Unsupported Media Type`,
+/// which tells a client its content type was wrong when it was not. A body of another
+/// content type is left to the transport.
+async fn unreadable_body_is_bad_request(
+    State(state): State<AppState>,
+    req: Request<Body>,
+    next: Next,
+) -> Response {
+    let json_body = req.method() == axum::http::Method::POST
+        && req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+    if !json_body {
+        return next.run(req).await;
+    }
+    let bad = |code: i64, message: String| {
+        json(
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": null,
+                "error": { "code": code, "message": message },
+            }),
+        )
+    };
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, state.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
+        }
+    };
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        return bad(-32700, format!("Parse error: {e}"));
+    }
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return bad(
+            -32600,
+            "Invalid Request: the body is JSON but not a JSON-RPC message".to_string(),
+        );
+    }
+    response
+}
+
 /// Middleware: a `DELETE` that ended an MCP session answers 200, as the official SDKs'
 /// servers do (their clients treat anything but 200 and 204 as a failed termination); the
 /// transport's own answer is 202.
@@ -534,6 +587,10 @@ pub fn app(state: AppState) -> Router {
     let mcp_routes = Router::new()
         .route_service("/mcp", any_service(mcp))
         .layer(middleware::from_fn(session_deleted_ok))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            unreadable_body_is_bad_request,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), shed_load))
         .layer(middleware::from_fn(transport_layer("http")))
         // After the key check, before load shedding: the owner sheds its own load.

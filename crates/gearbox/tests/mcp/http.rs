@@ -268,6 +268,51 @@ async fn params_that_do_not_fit_are_invalid_params_over_http() {
     }
 }
 
+/// A POST to `/mcp` whose JSON body cannot be read is a 400 with a JSON-RPC error (`id`
+/// null), as the official TypeScript and Python SDKs' servers answer: -32700 when the body
+/// is not JSON (a truncated object, bytes that are not UTF-8), -32600 when it is JSON but no
+/// JSON-RPC message. Another content type is 415. The session serves on.
+#[tokio::test]
+async fn an_unreadable_body_is_a_bad_request_with_a_json_rpc_error() {
+    let d = Daemon::start(Opts::default()).await;
+    let sid = raw_session(&d, ALICE).await;
+    let post = |content_type: &'static str, body: Vec<u8>| {
+        http()
+            .post(d.url("/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(ALICE)
+            .header("content-type", content_type)
+            .header("mcp-session-id", &sid)
+            .header("mcp-protocol-version", "2025-03-26")
+            .body(body)
+            .send()
+    };
+    for (content_type, body, code) in [
+        ("application/json", b"{".to_vec(), -32700),
+        ("application/json", vec![0xff, 0xfe], -32700),
+        ("application/json; charset=utf-8", b"[]".to_vec(), -32600),
+        ("application/json", br#"{"jsonrpc":"2.0"}"#.to_vec(), -32600),
+    ] {
+        let r = post(content_type, body.clone()).await.expect("post");
+        assert_eq!(r.status(), 400, "{body:?}");
+        let v: Value = r.json().await.expect("a JSON-RPC error body");
+        assert_eq!(v["error"]["code"], json!(code), "{body:?}: {v}");
+        assert_eq!(v["id"], Value::Null, "{v}");
+        assert_eq!(v["jsonrpc"], "2.0", "{v}");
+    }
+    let r = post("text/plain", b"{}".to_vec()).await.expect("post");
+    assert_eq!(r.status(), 415);
+    let r = post(
+        "application/json",
+        br#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#.to_vec(),
+    )
+    .await
+    .expect("post");
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.expect("body");
+    assert!(rpc_result(&text, 9).is_some(), "{text}");
+}
+
 /// The JSON-RPC message with `id` in an SSE or JSON response body.
 fn rpc_result(body: &str, id: i64) -> Option<Value> {
     let candidates: Vec<Value> = if body.trim_start().starts_with('{') {
