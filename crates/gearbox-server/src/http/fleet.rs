@@ -344,12 +344,9 @@ pub async fn route(State(fleet): State<Arc<Fleet>>, req: Request<Body>, next: Ne
         None if req.method() == axum::http::Method::POST => {
             let (parts, body) = req.into_parts();
             // The body limit layer outside bounds this; past it the client gets 413.
-            let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+            let bytes = match super::read_body(body, usize::MAX).await {
                 Ok(b) => b,
-                Err(_) => {
-                    return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
-                        .into_response();
-                }
+                Err(too_large) => return too_large,
             };
             let owner = gearbox_session_in(&bytes).and_then(|id| owner_of(&id).map(str::to_string));
             (

@@ -225,6 +225,27 @@ fn json(status: StatusCode, v: serde_json::Value) -> Response {
     (status, axum::Json(v)).into_response()
 }
 
+/// A JSON-RPC error as a whole HTTP answer: `status`, and the error for `id` as the body.
+fn rpc_error(status: StatusCode, id: serde_json::Value, code: i64, message: String) -> Response {
+    json(
+        status,
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": { "code": code, "message": message },
+        }),
+    )
+}
+
+/// A request's whole body, at most `limit` bytes (the body limit layer outside bounds every
+/// body already; a middleware that reads one before the transport passes `usize::MAX`, or
+/// its own bound); past it, the 413 to answer.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, Response> {
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| (StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response())
+}
+
 /// The Protected Resource Metadata (RFC 9728); 404 without `[http.oauth]`.
 async fn resource_metadata(State(state): State<AppState>) -> Response {
     match &state.auth.oauth {
@@ -334,17 +355,12 @@ async fn count_http(State(state): State<AppState>, req: Request<Body>, next: Nex
 /// tenant is over one of its quotas, else 503 (busy, shutting down).
 fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Response {
     let retry = refusal.retry_after_s();
-    let body = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": { "code": -32000, "message": refusal.to_string() },
-    });
     let status = if refusal.quota().is_some() {
         StatusCode::TOO_MANY_REQUESTS
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let mut r = json(status, body);
+    let mut r = rpc_error(status, id, -32000, refusal.to_string());
     if let Ok(v) = HeaderValue::from_str(&retry.to_string()) {
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }
@@ -355,7 +371,9 @@ fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Re
 /// JSON-RPC error (`id` null), as the official TypeScript and Python SDKs' servers answer:
 /// `-32700 Parse error` when the body is not JSON, `-32600 Invalid Request` when it is JSON
 /// but no JSON-RPC message. The transport alone answers both `415 Unsupported Media Type`,
-/// which tells a client its content type was wrong when it was not. A body of another
+/// which tells a client its content type was wrong when it was not; with a JSON content
+/// type a 415 can only be that, so only then is the body looked at again (a call the
+/// transport reads pays nothing more than the body held for the while). A body of another
 /// content type is left to the transport.
 async fn unreadable_body_is_bad_request(
     State(state): State<AppState>,
@@ -372,36 +390,30 @@ async fn unreadable_body_is_bad_request(
     if !json_body {
         return next.run(req).await;
     }
-    let bad = |code: i64, message: String| {
-        json(
-            StatusCode::BAD_REQUEST,
-            serde_json::json!({
-                "jsonrpc": "2.0",
-                "id": null,
-                "error": { "code": code, "message": message },
-            }),
-        )
-    };
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, state.config.max_body_bytes).await {
+    let bytes = match read_body(body, state.config.max_body_bytes).await {
         Ok(b) => b,
-        Err(_) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
-        }
+        Err(too_large) => return too_large,
     };
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
-        return bad(-32700, format!("Parse error: {e}"));
-    }
     let response = next
-        .run(Request::from_parts(parts, Body::from(bytes)))
+        .run(Request::from_parts(parts, Body::from(bytes.clone())))
         .await;
-    if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
-        return bad(
+    if response.status() != StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return response;
+    }
+    let (code, message) = match serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        Err(e) => (-32700, format!("Parse error: {e}")),
+        Ok(_) => (
             -32600,
             "Invalid Request: the body is JSON but not a JSON-RPC message".to_string(),
-        );
-    }
-    response
+        ),
+    };
+    rpc_error(
+        StatusCode::BAD_REQUEST,
+        serde_json::Value::Null,
+        code,
+        message,
+    )
 }
 
 /// Middleware: a `DELETE` that ended an MCP session answers 200, as the official SDKs'
@@ -433,11 +445,9 @@ async fn shed_load(State(state): State<AppState>, req: Request<Body>, next: Next
         return next.run(req).await;
     };
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, state.config.max_body_bytes).await {
+    let bytes = match read_body(body, state.config.max_body_bytes).await {
         Ok(b) => b,
-        Err(_) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
-        }
+        Err(too_large) => return too_large,
     };
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
         let calls: Vec<&serde_json::Value> = match &v {

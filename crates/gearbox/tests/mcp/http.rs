@@ -271,7 +271,8 @@ async fn params_that_do_not_fit_are_invalid_params_over_http() {
 /// A POST to `/mcp` whose JSON body cannot be read is a 400 with a JSON-RPC error (`id`
 /// null), as the official TypeScript and Python SDKs' servers answer: -32700 when the body
 /// is not JSON (a truncated object, bytes that are not UTF-8), -32600 when it is JSON but no
-/// JSON-RPC message. Another content type is 415. The session serves on.
+/// JSON-RPC message. Another content type is 415. The session serves on, a readable call
+/// with a `charset` parameter included.
 #[tokio::test]
 async fn an_unreadable_body_is_a_bad_request_with_a_json_rpc_error() {
     let d = Daemon::start(Opts::default()).await;
@@ -302,8 +303,10 @@ async fn an_unreadable_body_is_a_bad_request_with_a_json_rpc_error() {
     }
     let r = post("text/plain", b"{}".to_vec()).await.expect("post");
     assert_eq!(r.status(), 415);
+    // A readable call with a JSON content type's parameter is served (the 415 rewrite
+    // applies to unreadable bodies only).
     let r = post(
-        "application/json",
+        "application/json; charset=utf-8",
         br#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#.to_vec(),
     )
     .await

@@ -877,14 +877,14 @@ async fn stateless_2026_07_28_revision_runs_code() {
     assert_eq!(r.structured_content.expect("structured")["stdout"], "42\n");
 }
 
-/// A request longer than a message on stdio may be (16 MiB) is not read, and its id is
-/// answered with an error that says so (the transport alone would drop it, and its caller
-/// would wait for ever); one with a string id, or with its id after the long params, too. A
-/// long notification is dropped. The next call is answered as usual.
-#[tokio::test]
-async fn an_oversized_request_on_stdio_is_answered_with_an_error() {
-    use std::collections::HashMap;
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+/// `gearbox serve` with raw pipes, for tests that write bytes no MCP client would: the child
+/// (killed when dropped), its stdin, and its stdout's lines.
+fn raw_serve() -> (
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    use tokio::io::AsyncBufReadExt;
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
         .arg("serve")
         .stdin(std::process::Stdio::piped())
@@ -893,8 +893,20 @@ async fn an_oversized_request_on_stdio_is_answered_with_an_error() {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn gearbox serve");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let stdin = child.stdin.take().expect("stdin");
+    let lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    (child, stdin, lines)
+}
+
+/// A request longer than a message on stdio may be (16 MiB) is not read, and its id is
+/// answered with an error that says so (the transport alone would drop it, and its caller
+/// would wait for ever); one with a string id, or with its id after the long params, too. A
+/// long notification is dropped. The next call is answered as usual.
+#[tokio::test]
+async fn an_oversized_request_on_stdio_is_answered_with_an_error() {
+    use std::collections::HashMap;
+    use tokio::io::AsyncWriteExt;
+    let (_child, mut stdin, mut lines) = raw_serve();
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "raw", "version": "0"}}});
@@ -962,17 +974,8 @@ async fn an_oversized_request_on_stdio_is_answered_with_an_error() {
 /// well-formed call correctly.
 #[tokio::test]
 async fn hostile_bytes_on_stdio_never_stop_the_server() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gearbox"))
-        .arg("serve")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn gearbox serve");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    use tokio::io::{AsyncWriteExt, BufReader};
+    let (mut child, mut stdin, mut lines) = raw_serve();
     // Write one line, then read answers until the one with `id` (others are logged).
     async fn send(stdin: &mut tokio::process::ChildStdin, line: &[u8]) {
         stdin.write_all(line).await.expect("write");
