@@ -44,7 +44,6 @@ pub struct BoundedLines<R> {
     out_pos: usize,
     /// The line being dropped: its length so far and the scan for its id.
     dropping: Option<(usize, IdScan)>,
-    eof: bool,
     scratch: Box<[u8]>,
 }
 
@@ -57,7 +56,6 @@ impl<R> BoundedLines<R> {
             out: Vec::new(),
             out_pos: 0,
             dropping: None,
-            eof: false,
             scratch: vec![0; 64 * 1024].into_boxed_slice(),
         }
     }
@@ -147,20 +145,6 @@ impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
                 }
                 return Poll::Ready(Ok(()));
             }
-            if this.eof {
-                // A last line without a newline is passed on as it is (or dropped, as above).
-                if this.dropping.is_some() || !this.line.is_empty() {
-                    this.end_line();
-                    // Without the newline the end of input would have given.
-                    if this.out.last() == Some(&b'\n') {
-                        this.out.pop();
-                    }
-                    if !this.out.is_empty() {
-                        continue;
-                    }
-                }
-                return Poll::Ready(Ok(()));
-            }
             let mut read = ReadBuf::new(&mut this.scratch);
             match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
                 Poll::Pending => return Poll::Pending,
@@ -168,12 +152,13 @@ impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
                 Poll::Ready(Ok(())) => {
                     let n = read.filled().len();
                     if n == 0 {
-                        this.eof = true;
-                    } else {
-                        let scratch = std::mem::take(&mut this.scratch);
-                        this.take_in(&scratch[..n]);
-                        this.scratch = scratch;
+                        // The end of input. A last line without its newline is not passed
+                        // on: rmcp delivers no line without one either.
+                        return Poll::Ready(Ok(()));
                     }
+                    let scratch = std::mem::take(&mut this.scratch);
+                    this.take_in(&scratch[..n]);
+                    this.scratch = scratch;
                 }
             }
         }
@@ -344,8 +329,10 @@ mod tests {
 
     #[tokio::test]
     async fn lines_that_fit_pass_unchanged() {
-        let input = b"{\"a\":1}\n\n{\"b\":2}\nlast without newline";
+        let input = b"{\"a\":1}\n\n{\"b\":2}\n";
         assert_eq!(through(input, 64).await.as_bytes(), input);
+        // The end of input ends what it cut short.
+        assert_eq!(through(b"{\"a\":1}\n{\"b\"", 64).await, "{\"a\":1}\n");
     }
 
     #[tokio::test]
