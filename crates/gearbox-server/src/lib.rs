@@ -25,13 +25,14 @@ pub mod limiter;
 pub mod metrics;
 mod plan;
 mod quotas;
+mod request_shape;
 mod resources;
 mod runs;
 mod schema;
 mod server;
 mod sessions;
 mod snippets;
-mod stdio_lines;
+mod stdio;
 mod tools;
 
 use std::sync::Arc;
@@ -155,10 +156,7 @@ pub async fn serve_stdio(engine: Arc<Engine>, opts: ServeOptions) -> anyhow::Res
         .clone()
         .serve({
             let (read, write) = rmcp::transport::stdio_pipes();
-            (
-                stdio_lines::BoundedLines::new(read, stdio_lines::MAX_LINE),
-                write,
-            )
+            stdio::StdioTransport::new(read, write)
         })
         .await
         .context("starting the MCP session on stdio")?;

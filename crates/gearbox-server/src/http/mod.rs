@@ -370,7 +370,8 @@ fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Re
 /// Middleware: a POST to `/mcp` whose JSON body cannot be read is a `400 Bad Request` with a
 /// JSON-RPC error (`id` null), as the official TypeScript and Python SDKs' servers answer:
 /// `-32700 Parse error` when the body is not JSON, `-32600 Invalid Request` when it is JSON
-/// but no JSON-RPC message. The transport alone answers both `415 Unsupported Media Type`,
+/// but no JSON-RPC message (for the request's own id, and saying what is wrong, when it is a
+/// request with an id that can be answered: `request_shape.rs`). The transport alone answers both `415 Unsupported Media Type`,
 /// which tells a client its content type was wrong when it was not; with a JSON content
 /// type a 415 can only be that, so only then is the body looked at again (a call the
 /// transport reads pays nothing more than the body held for the while). A body of another
@@ -401,19 +402,23 @@ async fn unreadable_body_is_bad_request(
     if response.status() != StatusCode::UNSUPPORTED_MEDIA_TYPE {
         return response;
     }
-    let (code, message) = match serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
-        Err(e) => (-32700, format!("Parse error: {e}")),
-        Ok(_) => (
-            -32600,
-            "Invalid Request: the body is JSON but not a JSON-RPC message".to_string(),
-        ),
+    let (id, code, message) = match serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        Err(e) => (serde_json::Value::Null, -32700, format!("Parse error: {e}")),
+        // A request whose id can be answered: its caller learns what is wrong with it.
+        Ok(_) => match crate::request_shape::unreadable_request(&bytes) {
+            Some((id, why)) => (
+                id.into_json_value(),
+                -32600,
+                format!("Invalid Request: {why}"),
+            ),
+            None => (
+                serde_json::Value::Null,
+                -32600,
+                "Invalid Request: the body is JSON but not a JSON-RPC message".to_string(),
+            ),
+        },
     };
-    rpc_error(
-        StatusCode::BAD_REQUEST,
-        serde_json::Value::Null,
-        code,
-        message,
-    )
+    rpc_error(StatusCode::BAD_REQUEST, id, code, message)
 }
 
 /// Middleware: a `DELETE` that ended an MCP session answers 200, as the official SDKs'

@@ -301,6 +301,31 @@ async fn an_unreadable_body_is_a_bad_request_with_a_json_rpc_error() {
         assert_eq!(v["id"], Value::Null, "{v}");
         assert_eq!(v["jsonrpc"], "2.0", "{v}");
     }
+    // A request that is not of a request's shape but has an id is answered for that id,
+    // saying what is wrong (rmcp's transport alone answers 415, and the rewrite id null).
+    for (body, id, why) in [
+        (
+            r#"{"jsonrpc":"2.0","id":21,"method":"tools/call","params":"x"}"#,
+            json!(21),
+            r#""params" must be an object"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":"t","method":"tools/list","params":{"_meta":[]}}"#,
+            json!("t"),
+            r#""params._meta" must be an object"#,
+        ),
+    ] {
+        let r = post("application/json", body.into()).await.expect("post");
+        assert_eq!(r.status(), 400, "{body}");
+        let v: Value = r.json().await.expect("a JSON-RPC error body");
+        assert_eq!(v["id"], id, "{v}");
+        assert_eq!(v["error"]["code"], -32600, "{v}");
+        assert_eq!(
+            v["error"]["message"],
+            format!("Invalid Request: {why}"),
+            "{v}"
+        );
+    }
     let r = post("text/plain", b"{}".to_vec()).await.expect("post");
     assert_eq!(r.status(), 415);
     // A readable call with a JSON content type's parameter is served (the 415 rewrite

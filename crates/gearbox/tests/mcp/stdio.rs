@@ -968,8 +968,8 @@ async fn an_oversized_request_on_stdio_is_answered_with_an_error() {
 }
 
 /// What a broken or hostile client writes on stdio, as raw bytes: lines that are not JSON,
-/// JSON that is not JSON-RPC, wrong types, an unknown method, params that do not fit a
-/// method the server serves, a 16 MiB line, invalid UTF-8. Each gets a JSON-RPC error or is
+/// JSON that is not JSON-RPC, requests of the wrong shape, wrong types, an unknown method,
+/// params that do not fit a method the server serves, a 16 MiB line, invalid UTF-8. Each gets a JSON-RPC error or is
 /// dropped; the server never dies and answers the next
 /// well-formed call correctly.
 #[tokio::test]
@@ -1028,6 +1028,35 @@ async fn hostile_bytes_on_stdio_never_stop_the_server() {
     ];
     for line in &hostile {
         send(&mut stdin, line).await;
+    }
+    // A request of the wrong shape whose id can be answered is answered for it, saying what
+    // is wrong (rmcp's transport alone answers `-32600` without an id: its caller waits).
+    let v = answer(&mut lines, 50).await;
+    assert_eq!(v["error"]["code"], json!(-32600), "{v}");
+    assert_eq!(
+        v["error"]["message"], r#"Invalid Request: "jsonrpc" must be "2.0""#,
+        "{v}"
+    );
+    for (id, line, why) in [
+        (
+            10,
+            r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":"print(1)"}"#,
+            r#""params" must be an object"#,
+        ),
+        (
+            11,
+            r#"{"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"python","code":"print(1)"},"_meta":"x"},"jsonrpc":"2.0","id":11}"#,
+            r#""params._meta" must be an object"#,
+        ),
+    ] {
+        send(&mut stdin, line.as_bytes()).await;
+        let v = answer(&mut lines, id).await;
+        assert_eq!(v["error"]["code"], json!(-32600), "{v}");
+        assert_eq!(
+            v["error"]["message"],
+            format!("Invalid Request: {why}"),
+            "{v}"
+        );
     }
     // Wrong types and an unknown method get JSON-RPC errors with their own ids.
     send(

@@ -1,0 +1,546 @@
+//! The stdio transport: rmcp's framing (one JSON-RPC message per line, its codec for what
+//! the server writes), with a reader that answers what rmcp's own would leave unanswered.
+//!
+//! rmcp's stdio transport drops a line over its limit (16 MiB) with a log line, and answers a
+//! line that is JSON but not of a message's shape with an `-32600` that has no `id`: in both
+//! cases the client that sent a request waits for an answer that never comes. This reader
+//! reads each line once, bounded, and parses it once, as rmcp does (the same type, the same
+//! function); then:
+//! - a line over [`MAX_LINE`] is never held: if it was a request, a small request of the
+//!   reserved method [`OVERSIZED_METHOD`] with its id stands in for it, which the server
+//!   answers with an error (`server.rs`). The id is read from the line's top level by
+//!   [`IdScan`] as the bytes pass (strings and nesting tracked, so an `"id"` inside the params
+//!   is not taken for it), wherever it comes in the line;
+//! - a request of the wrong shape with an id the protocol allows is replaced by the stand-in
+//!   of `request_shape.rs`, answered `-32600` for its id, saying what is wrong;
+//! - what has no answerable id keeps rmcp's behaviour: bytes that are not JSON are ignored,
+//!   a notification is never answered, and other JSON gets rmcp's id-less `-32600`.
+//!
+//! Written by hand: rmcp's reader is not open to extension, and no crate frames JSON-RPC
+//! lines with a limit and an answer. What the server writes goes through rmcp's codec, as
+//! before.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use futures::SinkExt;
+use rmcp::RoleServer;
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientRequest, CustomRequest, ErrorData, RequestId, ServerJsonRpcMessage,
+};
+use rmcp::transport::Transport;
+use rmcp::transport::async_rw::{JsonRpcMessageCodec, JsonRpcMessageCodecError};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Mutex;
+use tokio_util::codec::FramedWrite;
+
+use crate::request_shape;
+
+/// The longest line read, its newline not counted: rmcp's own limit
+/// (`DEFAULT_MAX_LINE_LENGTH`, 16 MiB with the newline).
+pub const MAX_LINE: usize = 16 * 1024 * 1024 - 1;
+
+/// The method of the request that stands for a dropped one; answered with an error only.
+pub const OVERSIZED_METHOD: &str = "gearbox/oversized_request";
+
+/// The buffer space kept between lines.
+const KEEP: usize = 64 * 1024;
+
+/// The longest id taken back from a dropped line (a longer one is not echoed).
+const MAX_ID: usize = 1024;
+
+type Writer<W> = Arc<Mutex<FramedWrite<W, JsonRpcMessageCodec<ServerJsonRpcMessage>>>>;
+
+/// The server's side of MCP over a pair of byte streams (stdin and stdout).
+pub struct StdioTransport<R, W> {
+    lines: Lines<R>,
+    write: Writer<W>,
+    /// rmcp's id-less `-32600`, owed for a line that is JSON but no message (`Queue`), and
+    /// written but not yet flushed (`Flush`): kept here so that a `receive` cancelled while
+    /// it writes resumes where it stopped.
+    owed: Option<Owed>,
+}
+
+enum Owed {
+    Queue,
+    Flush,
+}
+
+impl<R, W> StdioTransport<R, W>
+where
+    R: AsyncRead + Send + Unpin,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    pub fn new(read: R, write: W) -> Self {
+        StdioTransport {
+            lines: Lines::new(read, MAX_LINE),
+            write: Arc::new(Mutex::new(FramedWrite::new(
+                write,
+                JsonRpcMessageCodec::default(),
+            ))),
+            owed: None,
+        }
+    }
+
+    /// The next line's message, or `Err(true)` when nothing is to be passed on for it and an
+    /// id-less error is owed, `Err(false)` when nothing at all.
+    fn message(&mut self, line: Line) -> Result<ClientJsonRpcMessage, bool> {
+        let limit = self.lines.limit;
+        match line {
+            Line::Over { bytes, id } => match id.as_deref().and_then(request_id) {
+                Some(id) => {
+                    tracing::warn!(
+                        bytes,
+                        limit,
+                        "a request on stdio is over the line limit: dropped, its id answered with an error"
+                    );
+                    Ok(stand_in(
+                        OVERSIZED_METHOD,
+                        json!({ "bytes": bytes, "limit": limit }),
+                        id,
+                    ))
+                }
+                None => {
+                    tracing::warn!(
+                        bytes,
+                        limit,
+                        "a message on stdio without an id is over the line limit: dropped"
+                    );
+                    Err(false)
+                }
+            },
+            Line::Whole => {
+                let line = request_shape::without_bom(self.lines.line());
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    return Err(false);
+                }
+                match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
+                    Ok(message) => Ok(message),
+                    Err(e) if !e.is_data() => {
+                        // Not JSON: no id to answer, and an answer could start an error storm
+                        // with a peer that echoes it (rmcp and the official SDKs ignore it).
+                        tracing::debug!(error = %e, "ignoring a line on stdio that is not JSON");
+                        Err(false)
+                    }
+                    Err(e) => match request_shape::why_unreadable(line, &e) {
+                        Some((id, why)) => {
+                            tracing::debug!(%why, "an unreadable request on stdio");
+                            Ok(stand_in(
+                                request_shape::INVALID_METHOD,
+                                json!({ "reason": why }),
+                                id,
+                            ))
+                        }
+                        None if is_notification(line) => {
+                            tracing::debug!(error = %e, "ignoring an unreadable notification");
+                            Err(false)
+                        }
+                        None => {
+                            tracing::debug!(error = %e, "an unreadable message on stdio");
+                            Err(true)
+                        }
+                    },
+                }
+            }
+        }
+    }
+}
+
+impl<R, W> Transport<RoleServer> for StdioTransport<R, W>
+where
+    R: AsyncRead + Send + Unpin,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    type Error = JsonRpcMessageCodecError;
+
+    fn send(
+        &mut self,
+        item: ServerJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let write = self.write.clone();
+        async move { write.lock().await.send(item).await }
+    }
+
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        // Polled inside a `select!` by the service: every step keeps its state in `self`, so
+        // a cancelled call loses nothing.
+        loop {
+            if let Some(owed) = self.owed.as_mut() {
+                let mut write = self.write.lock().await;
+                if matches!(owed, Owed::Queue) {
+                    let error = ServerJsonRpcMessage::error(
+                        ErrorData::invalid_request("Invalid request", None),
+                        None,
+                    );
+                    write.feed(error).await.ok()?;
+                    *owed = Owed::Flush;
+                }
+                write.flush().await.ok()?;
+                self.owed = None;
+            }
+            let line = match std::future::poll_fn(|cx| self.lines.poll_line(cx)).await {
+                Ok(Some(line)) => line,
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading stdin");
+                    return None;
+                }
+            };
+            let message = self.message(line);
+            self.lines.line_done();
+            match message {
+                Ok(message) => return Some(message),
+                Err(owed) => {
+                    if owed {
+                        self.owed = Some(Owed::Queue);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.write.lock().await.close().await
+    }
+}
+
+/// A request of `method` with `params` under a client's `id`.
+fn stand_in(method: &str, params: Value, id: RequestId) -> ClientJsonRpcMessage {
+    ClientJsonRpcMessage::request(
+        ClientRequest::CustomRequest(CustomRequest::new(method, Some(params))),
+        id,
+    )
+}
+
+/// The request id written as `text` (a JSON integer or string), if the protocol allows it.
+fn request_id(text: &[u8]) -> Option<RequestId> {
+    match serde_json::from_slice::<Value>(text).ok()? {
+        Value::String(s) => Some(RequestId::String(s.into())),
+        Value::Number(n) => Some(RequestId::Number(n.as_i64()?)),
+        _ => None,
+    }
+}
+
+/// Whether `line` is a JSON object with a `method` and no `id`: a notification, never
+/// answered, whatever its shape.
+fn is_notification(line: &[u8]) -> bool {
+    matches!(
+        serde_json::from_slice::<Value>(line),
+        Ok(Value::Object(m)) if m.contains_key("method") && !m.contains_key("id")
+    )
+}
+
+/// What ended a line.
+#[derive(Debug, PartialEq)]
+enum Line {
+    /// A line that fits, in [`Lines::line`].
+    Whole,
+    /// A line over the limit, dropped as it passed: its length and its top-level id's text.
+    Over { bytes: usize, id: Option<Vec<u8>> },
+}
+
+/// Lines of at most `limit` bytes (the newline not counted) from `inner`.
+struct Lines<R> {
+    inner: R,
+    limit: usize,
+    /// The current line, while it fits.
+    line: Vec<u8>,
+    /// The line being dropped: its length so far and the scan for its id.
+    dropping: Option<(usize, IdScan)>,
+    /// Bytes read and not yet taken: `read[pos..filled]`.
+    read: Box<[u8]>,
+    pos: usize,
+    filled: usize,
+}
+
+impl<R: AsyncRead + Unpin> Lines<R> {
+    fn new(inner: R, limit: usize) -> Self {
+        Lines {
+            inner,
+            limit,
+            line: Vec::new(),
+            dropping: None,
+            read: vec![0; 64 * 1024].into_boxed_slice(),
+            pos: 0,
+            filled: 0,
+        }
+    }
+
+    /// The next line's end, or `None` at the end of input (a last line without its newline
+    /// is not passed on: rmcp delivers none either).
+    fn poll_line(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Line>>> {
+        loop {
+            while self.pos < self.filled {
+                let rest = &self.read[self.pos..self.filled];
+                let newline = rest.iter().position(|&b| b == b'\n');
+                let part = &rest[..newline.unwrap_or(rest.len())];
+                self.pos += part.len() + usize::from(newline.is_some());
+                if let Some((len, scan)) = &mut self.dropping {
+                    *len += part.len();
+                    scan.feed(part);
+                } else if self.line.len() + part.len() > self.limit {
+                    let mut scan = IdScan::default();
+                    scan.feed(&self.line);
+                    scan.feed(part);
+                    self.dropping = Some((self.line.len() + part.len(), scan));
+                    self.line = Vec::new();
+                } else {
+                    self.line.extend_from_slice(part);
+                }
+                if newline.is_some() {
+                    return Poll::Ready(Ok(Some(match self.dropping.take() {
+                        None => Line::Whole,
+                        Some((bytes, scan)) => Line::Over {
+                            bytes,
+                            id: scan.finish(),
+                        },
+                    })));
+                }
+            }
+            let mut buf = ReadBuf::new(&mut self.read);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf))?;
+            let n = buf.filled().len();
+            if n == 0 {
+                return Poll::Ready(Ok(None));
+            }
+            self.pos = 0;
+            self.filled = n;
+        }
+    }
+
+    /// The line that [`Line::Whole`] announced.
+    fn line(&self) -> &[u8] {
+        &self.line
+    }
+
+    /// Done with the current line: the next one starts empty, in the space kept.
+    fn line_done(&mut self) {
+        self.line.clear();
+        // What one long line needed is not kept for the short ones after it.
+        self.line.shrink_to(KEEP);
+    }
+}
+
+/// Finds the value of a JSON object's top-level `"id"` member in a stream of bytes: a
+/// number or a string, kept as its JSON text (`null`, an object or a key written with
+/// escapes are not taken: the line is then dropped unanswered, as a notification is).
+#[derive(Default)]
+struct IdScan {
+    depth: u32,
+    /// Inside a string (at any depth); `escaped` right after a backslash in one.
+    in_string: bool,
+    escaped: bool,
+    /// At the top level: the first bytes of the key being read, whether the last key read
+    /// was `id`, and whether its colon has been read.
+    key: Vec<u8>,
+    key_is_id: bool,
+    after_colon: bool,
+    /// The id's text while it is read; `id` once it is whole.
+    value: Option<Vec<u8>>,
+    id: Option<Vec<u8>>,
+}
+
+impl IdScan {
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.id.is_some() {
+                return;
+            }
+            if let Some(v) = self.value.as_mut() {
+                v.push(b);
+                if v[0] == b'"' {
+                    if self.escaped {
+                        self.escaped = false;
+                    } else if b == b'\\' {
+                        self.escaped = true;
+                    } else if b == b'"' {
+                        self.id = self.value.take();
+                        continue;
+                    }
+                } else if !(b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')) {
+                    // The number ended at this byte.
+                    v.pop();
+                    self.id = self.value.take();
+                    return;
+                }
+                if v.len() > MAX_ID {
+                    // Too long to echo: the rest of it is read as any other value.
+                    self.in_string = v[0] == b'"';
+                    self.value = None;
+                    self.key_is_id = false;
+                }
+                continue;
+            }
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                } else if b == b'\\' {
+                    self.escaped = true;
+                } else if b == b'"' {
+                    self.in_string = false;
+                    if self.depth == 1 && !self.after_colon {
+                        self.key_is_id = self.key == b"id";
+                    }
+                    continue;
+                }
+                if self.depth == 1 && !self.after_colon && self.key.len() <= 2 {
+                    self.key.push(b);
+                }
+                continue;
+            }
+            let id_value_next = self.depth == 1 && self.after_colon && self.key_is_id;
+            match b {
+                b'"' if id_value_next => {
+                    self.value = Some(vec![b]);
+                    self.escaped = false;
+                }
+                b'-' | b'0'..=b'9' if id_value_next => self.value = Some(vec![b]),
+                b'"' => {
+                    self.in_string = true;
+                    self.escaped = false;
+                    self.key.clear();
+                }
+                b'{' | b'[' => {
+                    if self.depth == 1 && self.after_colon {
+                        self.key_is_id = false;
+                    }
+                    self.depth += 1;
+                }
+                b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+                b':' if self.depth == 1 => self.after_colon = true,
+                b',' if self.depth == 1 => {
+                    self.after_colon = false;
+                    self.key_is_id = false;
+                }
+                b' ' | b'\t' | b'\r' => {}
+                _ => {
+                    if self.depth == 1 && self.after_colon {
+                        self.key_is_id = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The id, once the line is over (a number may end with it).
+    fn finish(self) -> Option<Vec<u8>> {
+        match (self.id, self.value) {
+            (Some(id), _) => Some(id),
+            (None, Some(v)) if v[0] != b'"' => Some(v),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id_of(line: &str) -> Option<String> {
+        let mut scan = IdScan::default();
+        // Fed in small pieces, as reads come.
+        for chunk in line.as_bytes().chunks(3) {
+            scan.feed(chunk);
+        }
+        scan.finish().map(|v| String::from_utf8(v).expect("utf-8"))
+    }
+
+    #[test]
+    fn the_id_is_the_top_level_one_wherever_it_comes() {
+        assert_eq!(
+            id_of(r#"{"jsonrpc":"2.0","id":51,"method":"x"}"#).as_deref(),
+            Some("51")
+        );
+        assert_eq!(
+            id_of(r#"{"method":"x","params":{"id":5,"a":[{"id":6}]},"id":"a\"b}"}"#).as_deref(),
+            Some(r#""a\"b}""#)
+        );
+        assert_eq!(id_of(r#"{ "id" : -7 , "x": 1}"#).as_deref(), Some("-7"));
+        assert_eq!(
+            id_of(r#"{"params":{"k":"\"id\":9"},"id":3}"#).as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            id_of(r#"{"jsonrpc":"2.0","method":"notifications/x"}"#),
+            None
+        );
+        assert_eq!(id_of(r#"{"id":null,"method":"x"}"#), None);
+        assert_eq!(id_of(r#"{"id":{"a":1},"method":"x"}"#), None);
+        assert_eq!(id_of(r#"{"x":"id","y":1}"#), None);
+        assert_eq!(id_of("not json at all"), None);
+        assert_eq!(id_of(r#"{"method":"x","id":42"#).as_deref(), Some("42"));
+        let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(MAX_ID + 10));
+        assert_eq!(id_of(&long), None);
+    }
+
+    /// What the transport passes on for `input` read in pieces of `piece` bytes, and what it
+    /// writes back itself.
+    async fn through(input: &[u8], limit: usize, piece: usize) -> (Vec<Value>, String) {
+        let (mut feed, read) = tokio::io::duplex(piece);
+        let (write, mut written) = tokio::io::duplex(1 << 20);
+        let input = input.to_vec();
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for chunk in input.chunks(piece) {
+                feed.write_all(chunk).await.expect("write");
+            }
+        });
+        let mut t = StdioTransport::new(read, write);
+        t.lines.limit = limit;
+        let mut got = Vec::new();
+        while let Some(m) = t.receive().await {
+            got.push(serde_json::to_value(&m).expect("json"));
+        }
+        writer.await.expect("writer");
+        drop(t);
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut written, &mut out)
+            .await
+            .expect("read");
+        (got, out)
+    }
+
+    #[tokio::test]
+    async fn messages_pass_and_what_cannot_be_read_is_answered_or_dropped() {
+        let big = format!(
+            "{{\"jsonrpc\":\"2.0\",\"method\":\"tools/call\",\"params\":{{\"id\":1,\"code\":\"{}\"}},\"id\":42}}",
+            "#".repeat(500)
+        );
+        let input = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            "",
+            "not json",
+            &big,
+            &"x".repeat(300),
+            r#"{"jsonrpc":"2.0","id":"s","method":"ping","params":"x"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":"x"}"#,
+            r#"[1]"#,
+            "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}\r",
+            r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+        ]
+        .join("\n")
+            + "\n{\"cut\":";
+        for piece in [1, 7, 4096] {
+            let (got, out) = through(input.as_bytes(), 100, piece).await;
+            assert_eq!(got.len(), 5, "{got:?}");
+            assert_eq!(got[0], json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+            assert_eq!(got[1]["id"], 42);
+            assert_eq!(got[1]["method"], OVERSIZED_METHOD);
+            assert_eq!(got[1]["params"], json!({"bytes": big.len(), "limit": 100}));
+            assert_eq!(got[2]["id"], "s");
+            assert_eq!(got[2]["method"], request_shape::INVALID_METHOD);
+            assert_eq!(got[2]["params"]["reason"], r#""params" must be an object"#);
+            assert_eq!(got[3]["id"], 2);
+            assert_eq!(got[4]["id"], 3);
+            // Only `[1]` (JSON, no message, nothing to answer) gets rmcp's id-less error.
+            assert_eq!(
+                out,
+                "{\"jsonrpc\":\"2.0\",\"error\":{\"code\":-32600,\"message\":\"Invalid request\"}}\n",
+                "piece {piece}"
+            );
+        }
+    }
+}
