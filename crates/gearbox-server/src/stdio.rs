@@ -10,9 +10,11 @@
 //!   reserved method [`OVERSIZED_METHOD`] with its id stands in for it, which the server
 //!   answers with an error (`server.rs`). The id is read from the line's top level by
 //!   [`IdScan`] as the bytes pass (strings and nesting tracked, so an `"id"` inside the params
-//!   is not taken for it), wherever it comes in the line;
-//! - a request of the wrong shape with an id the protocol allows is replaced by the stand-in
-//!   of `request_shape.rs`, answered `-32600` for its id, saying what is wrong;
+//!   is not taken for it), wherever it comes in the line; a line without a top-level
+//!   `method` (a response) is not answered;
+//! - a request of the wrong shape, or nested deeper than serde_json reads (128 levels), with
+//!   an id the protocol allows is replaced by the stand-in of `request_shape.rs`, answered
+//!   `-32600` for its id, saying what is wrong;
 //! - what has no answerable id keeps rmcp's behaviour: bytes that are not JSON are ignored,
 //!   a notification is never answered, and other JSON gets rmcp's id-less `-32600`.
 //!
@@ -37,7 +39,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Mutex;
 use tokio_util::codec::FramedWrite;
 
-use crate::request_shape;
+use crate::request_shape::{self, IdScan};
 
 /// The longest line read, its newline not counted: rmcp's own limit
 /// (`DEFAULT_MAX_LINE_LENGTH`, 16 MiB with the newline).
@@ -48,9 +50,6 @@ pub const OVERSIZED_METHOD: &str = "gearbox/oversized_request";
 
 /// The buffer space kept between lines.
 const KEEP: usize = 64 * 1024;
-
-/// The longest id taken back from a dropped line (a longer one is not echoed).
-const MAX_ID: usize = 1024;
 
 type Writer<W> = Arc<Mutex<FramedWrite<W, JsonRpcMessageCodec<ServerJsonRpcMessage>>>>;
 
@@ -90,7 +89,7 @@ where
     fn message(&mut self, line: Line) -> Result<ClientJsonRpcMessage, bool> {
         let limit = self.lines.limit;
         match line {
-            Line::Over { bytes, id } => match id.as_deref().and_then(request_id) {
+            Line::Over { bytes, id } => match id {
                 Some(id) => {
                     tracing::warn!(
                         bytes,
@@ -119,12 +118,23 @@ where
                 }
                 match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
                     Ok(message) => Ok(message),
-                    Err(e) if !e.is_data() => {
-                        // Not JSON: no id to answer, and an answer could start an error storm
-                        // with a peer that echoes it (rmcp and the official SDKs ignore it).
-                        tracing::debug!(error = %e, "ignoring a line on stdio that is not JSON");
-                        Err(false)
-                    }
+                    Err(e) if !e.is_data() => match request_shape::too_deep(line, &e) {
+                        Some((id, why)) => {
+                            tracing::debug!(%why, "an unreadable request on stdio");
+                            Ok(stand_in(
+                                request_shape::INVALID_METHOD,
+                                json!({ "reason": why }),
+                                id,
+                            ))
+                        }
+                        None => {
+                            // Not JSON: no id to answer, and an answer could start an error
+                            // storm with a peer that echoes it (rmcp and the official SDKs
+                            // ignore it).
+                            tracing::debug!(error = %e, "ignoring a line on stdio that is not JSON");
+                            Err(false)
+                        }
+                    },
                     Err(e) => match request_shape::why_unreadable(line, &e) {
                         Some((id, why)) => {
                             tracing::debug!(%why, "an unreadable request on stdio");
@@ -215,15 +225,6 @@ fn stand_in(method: &str, params: Value, id: RequestId) -> ClientJsonRpcMessage 
     )
 }
 
-/// The request id written as `text` (a JSON integer or string), if the protocol allows it.
-fn request_id(text: &[u8]) -> Option<RequestId> {
-    match serde_json::from_slice::<Value>(text).ok()? {
-        Value::String(s) => Some(RequestId::String(s.into())),
-        Value::Number(n) => Some(RequestId::Number(n.as_i64()?)),
-        _ => None,
-    }
-}
-
 /// Whether `line` is a JSON object with a `method` and no `id`: a notification, never
 /// answered, whatever its shape.
 fn is_notification(line: &[u8]) -> bool {
@@ -238,8 +239,9 @@ fn is_notification(line: &[u8]) -> bool {
 enum Line {
     /// A line that fits, in [`Lines::line`].
     Whole,
-    /// A line over the limit, dropped as it passed: its length and its top-level id's text.
-    Over { bytes: usize, id: Option<Vec<u8>> },
+    /// A line over the limit, dropped as it passed: its length, and its id if it was a
+    /// request with an id that can be answered.
+    Over { bytes: usize, id: Option<RequestId> },
 }
 
 /// Lines of at most `limit` bytes (the newline not counted) from `inner`.
@@ -295,7 +297,7 @@ impl<R: AsyncRead + Unpin> Lines<R> {
                         None => Line::Whole,
                         Some((bytes, scan)) => Line::Over {
                             bytes,
-                            id: scan.finish(),
+                            id: scan.request_id(),
                         },
                     })));
                 }
@@ -324,157 +326,9 @@ impl<R: AsyncRead + Unpin> Lines<R> {
     }
 }
 
-/// Finds the value of a JSON object's top-level `"id"` member in a stream of bytes: a
-/// number or a string, kept as its JSON text (`null`, an object or a key written with
-/// escapes are not taken: the line is then dropped unanswered, as a notification is).
-#[derive(Default)]
-struct IdScan {
-    depth: u32,
-    /// Inside a string (at any depth); `escaped` right after a backslash in one.
-    in_string: bool,
-    escaped: bool,
-    /// At the top level: the first bytes of the key being read, whether the last key read
-    /// was `id`, and whether its colon has been read.
-    key: Vec<u8>,
-    key_is_id: bool,
-    after_colon: bool,
-    /// The id's text while it is read; `id` once it is whole.
-    value: Option<Vec<u8>>,
-    id: Option<Vec<u8>>,
-}
-
-impl IdScan {
-    fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            if self.id.is_some() {
-                return;
-            }
-            if let Some(v) = self.value.as_mut() {
-                v.push(b);
-                if v[0] == b'"' {
-                    if self.escaped {
-                        self.escaped = false;
-                    } else if b == b'\\' {
-                        self.escaped = true;
-                    } else if b == b'"' {
-                        self.id = self.value.take();
-                        continue;
-                    }
-                } else if !(b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')) {
-                    // The number ended at this byte.
-                    v.pop();
-                    self.id = self.value.take();
-                    return;
-                }
-                if v.len() > MAX_ID {
-                    // Too long to echo: the rest of it is read as any other value.
-                    self.in_string = v[0] == b'"';
-                    self.value = None;
-                    self.key_is_id = false;
-                }
-                continue;
-            }
-            if self.in_string {
-                if self.escaped {
-                    self.escaped = false;
-                } else if b == b'\\' {
-                    self.escaped = true;
-                } else if b == b'"' {
-                    self.in_string = false;
-                    if self.depth == 1 && !self.after_colon {
-                        self.key_is_id = self.key == b"id";
-                    }
-                    continue;
-                }
-                if self.depth == 1 && !self.after_colon && self.key.len() <= 2 {
-                    self.key.push(b);
-                }
-                continue;
-            }
-            let id_value_next = self.depth == 1 && self.after_colon && self.key_is_id;
-            match b {
-                b'"' if id_value_next => {
-                    self.value = Some(vec![b]);
-                    self.escaped = false;
-                }
-                b'-' | b'0'..=b'9' if id_value_next => self.value = Some(vec![b]),
-                b'"' => {
-                    self.in_string = true;
-                    self.escaped = false;
-                    self.key.clear();
-                }
-                b'{' | b'[' => {
-                    if self.depth == 1 && self.after_colon {
-                        self.key_is_id = false;
-                    }
-                    self.depth += 1;
-                }
-                b'}' | b']' => self.depth = self.depth.saturating_sub(1),
-                b':' if self.depth == 1 => self.after_colon = true,
-                b',' if self.depth == 1 => {
-                    self.after_colon = false;
-                    self.key_is_id = false;
-                }
-                b' ' | b'\t' | b'\r' => {}
-                _ => {
-                    if self.depth == 1 && self.after_colon {
-                        self.key_is_id = false;
-                    }
-                }
-            }
-        }
-    }
-
-    /// The id, once the line is over (a number may end with it).
-    fn finish(self) -> Option<Vec<u8>> {
-        match (self.id, self.value) {
-            (Some(id), _) => Some(id),
-            (None, Some(v)) if v[0] != b'"' => Some(v),
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn id_of(line: &str) -> Option<String> {
-        let mut scan = IdScan::default();
-        // Fed in small pieces, as reads come.
-        for chunk in line.as_bytes().chunks(3) {
-            scan.feed(chunk);
-        }
-        scan.finish().map(|v| String::from_utf8(v).expect("utf-8"))
-    }
-
-    #[test]
-    fn the_id_is_the_top_level_one_wherever_it_comes() {
-        assert_eq!(
-            id_of(r#"{"jsonrpc":"2.0","id":51,"method":"x"}"#).as_deref(),
-            Some("51")
-        );
-        assert_eq!(
-            id_of(r#"{"method":"x","params":{"id":5,"a":[{"id":6}]},"id":"a\"b}"}"#).as_deref(),
-            Some(r#""a\"b}""#)
-        );
-        assert_eq!(id_of(r#"{ "id" : -7 , "x": 1}"#).as_deref(), Some("-7"));
-        assert_eq!(
-            id_of(r#"{"params":{"k":"\"id\":9"},"id":3}"#).as_deref(),
-            Some("3")
-        );
-        assert_eq!(
-            id_of(r#"{"jsonrpc":"2.0","method":"notifications/x"}"#),
-            None
-        );
-        assert_eq!(id_of(r#"{"id":null,"method":"x"}"#), None);
-        assert_eq!(id_of(r#"{"id":{"a":1},"method":"x"}"#), None);
-        assert_eq!(id_of(r#"{"x":"id","y":1}"#), None);
-        assert_eq!(id_of("not json at all"), None);
-        assert_eq!(id_of(r#"{"method":"x","id":42"#).as_deref(), Some("42"));
-        let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(MAX_ID + 10));
-        assert_eq!(id_of(&long), None);
-    }
 
     /// What the transport passes on for `input` read in pieces of `piece` bytes, and what it
     /// writes back itself.

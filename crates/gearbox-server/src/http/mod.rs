@@ -371,7 +371,7 @@ fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Re
 /// JSON-RPC error (`id` null), as the official TypeScript and Python SDKs' servers answer:
 /// `-32700 Parse error` when the body is not JSON, `-32600 Invalid Request` when it is JSON
 /// but no JSON-RPC message (for the request's own id, and saying what is wrong, when it is a
-/// request with an id that can be answered: `request_shape.rs`). The transport alone answers both `415 Unsupported Media Type`,
+/// request with an id that can be answered, or one nested too deep to read: `request_shape.rs`). The transport alone answers both `415 Unsupported Media Type`,
 /// which tells a client its content type was wrong when it was not; with a JSON content
 /// type a 415 can only be that, so only then is the body looked at again (a call the
 /// transport reads pays nothing more than the body held for the while). A body of another

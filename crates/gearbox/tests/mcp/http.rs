@@ -305,17 +305,29 @@ async fn an_unreadable_body_is_a_bad_request_with_a_json_rpc_error() {
     // saying what is wrong (rmcp's transport alone answers 415, and the rewrite id null).
     for (body, id, why) in [
         (
-            r#"{"jsonrpc":"2.0","id":21,"method":"tools/call","params":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":21,"method":"tools/call","params":"x"}"#.to_string(),
             json!(21),
             r#""params" must be an object"#,
         ),
         (
-            r#"{"jsonrpc":"2.0","id":"t","method":"tools/list","params":{"_meta":[]}}"#,
+            r#"{"jsonrpc":"2.0","id":"t","method":"tools/list","params":{"_meta":[]}}"#.to_string(),
             json!("t"),
             r#""params._meta" must be an object"#,
         ),
+        // Valid JSON nested deeper than the parser reads.
+        (
+            format!(
+                r#"{{"jsonrpc":"2.0","id":22,"method":"tools/call","params":{{"x":{}{}}}}}"#,
+                "[".repeat(300),
+                "]".repeat(300)
+            ),
+            json!(22),
+            "the message is nested more than 128 levels deep",
+        ),
     ] {
-        let r = post("application/json", body.into()).await.expect("post");
+        let r = post("application/json", body.clone().into_bytes())
+            .await
+            .expect("post");
         assert_eq!(r.status(), 400, "{body}");
         let v: Value = r.json().await.expect("a JSON-RPC error body");
         assert_eq!(v["id"], id, "{v}");

@@ -1040,13 +1040,24 @@ async fn hostile_bytes_on_stdio_never_stop_the_server() {
     for (id, line, why) in [
         (
             10,
-            r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":"print(1)"}"#,
+            r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":"print(1)"}"#.to_string(),
             r#""params" must be an object"#,
         ),
         (
             11,
-            r#"{"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"python","code":"print(1)"},"_meta":"x"},"jsonrpc":"2.0","id":11}"#,
+            r#"{"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"python","code":"print(1)"},"_meta":"x"},"jsonrpc":"2.0","id":11}"#.to_string(),
             r#""params._meta" must be an object"#,
+        ),
+        // Valid JSON nested deeper than the parser reads (which takes it for bytes that are
+        // not JSON): its caller is answered too.
+        (
+            12,
+            format!(
+                r#"{{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{{"name":"execute_code","arguments":{{"language":"python","code":"print(1)","x":{}{}}}}}}}"#,
+                "[".repeat(300),
+                "]".repeat(300)
+            ),
+            "the message is nested more than 128 levels deep",
         ),
     ] {
         send(&mut stdin, line.as_bytes()).await;
