@@ -3,13 +3,13 @@
 //! rmcp's transports read each message as a `ClientJsonRpcMessage`. A line (or HTTP body)
 //! that is JSON but not of that shape gets, from rmcp's stdio transport, an `-32600` with no
 //! `id` member, which no client matches to its call (it waits for ever), and from its HTTP
-//! transport a `415` (rewritten to a `400` with `id: null`, `http/mod.rs`). When such a
-//! message is an object with a `method` and an id the protocol allows (an integer or a
-//! string), it is a request whose caller can be answered: [`why_unreadable`] gives its id and
-//! what is wrong with it; [`too_deep`] does the same for a request nested deeper than the
-//! parser reads, which the transport would take for bytes that are not JSON. The stdio transport (`stdio.rs`) then passes on a stand-in request
-//! of [`INVALID_METHOD`] under that id, which the server answers with `-32600`; the HTTP
-//! layer answers it at once.
+//! transport a `415` (rewritten to a `400` with `id: null`, `http/mod.rs`). A request nested
+//! deeper than the parser reads (128 levels) is taken for bytes that are not JSON and gets
+//! nothing at all. When such a message is an object with a `method` and an id the protocol
+//! allows (an integer or a string), it is a request whose caller can be answered:
+//! [`unreadable`] gives its id and what is wrong with it. The stdio transport (`stdio.rs`)
+//! then passes on a stand-in request of [`INVALID_METHOD`] under that id, which the server
+//! answers with `-32600`; the HTTP layer answers it at once.
 //!
 //! Which messages are unreadable is decided by rmcp's own parse (the same type, the same
 //! function), so the two never disagree.
@@ -27,12 +27,17 @@ pub const INVALID_METHOD: &str = "gearbox/invalid_request";
 pub fn unreadable_request(bytes: &[u8]) -> Option<(RequestId, String)> {
     let bytes = without_bom(bytes);
     let error = serde_json::from_slice::<ClientJsonRpcMessage>(bytes).err()?;
-    why_unreadable(bytes, &error).or_else(|| too_deep(bytes, &error))
+    unreadable(bytes, &error)
 }
 
 /// The same, for `bytes` (without a byte order mark) whose parse as a client message has
-/// just failed with `error`: the transport's reader parses each line once.
-pub fn why_unreadable(bytes: &[u8], error: &serde_json::Error) -> Option<(RequestId, String)> {
+/// just failed with `error`: the stdio transport parses each line once.
+pub fn unreadable(bytes: &[u8], error: &serde_json::Error) -> Option<(RequestId, String)> {
+    why_unreadable(bytes, error).or_else(|| too_deep(bytes, error))
+}
+
+/// A request of the wrong shape: its id and what is wrong.
+fn why_unreadable(bytes: &[u8], error: &serde_json::Error) -> Option<(RequestId, String)> {
     if !error.is_data() {
         return None;
     }
@@ -77,7 +82,7 @@ pub const TOO_DEEP: &str = "the message is nested more than 128 levels deep";
 /// reads (128 levels: valid JSON it does not read, which the transport would take for bytes
 /// that are not JSON and leave unanswered), and they are a request with an id that can be
 /// answered: that id and why.
-pub fn too_deep(bytes: &[u8], error: &serde_json::Error) -> Option<(RequestId, String)> {
+fn too_deep(bytes: &[u8], error: &serde_json::Error) -> Option<(RequestId, String)> {
     // serde_json says so only in its message ("recursion limit exceeded at line …"; pinned
     // by a test).
     if !error.to_string().starts_with("recursion limit exceeded") {

@@ -84,79 +84,71 @@ where
         }
     }
 
-    /// The next line's message, or `Err(true)` when nothing is to be passed on for it and an
-    /// id-less error is owed, `Err(false)` when nothing at all.
-    fn message(&mut self, line: Line) -> Result<ClientJsonRpcMessage, bool> {
+    /// What to do for the line that just ended.
+    fn next(&self, line: Line) -> Next {
         let limit = self.lines.limit;
-        match line {
-            Line::Over { bytes, id } => match id {
-                Some(id) => {
-                    tracing::warn!(
-                        bytes,
-                        limit,
-                        "a request on stdio is over the line limit: dropped, its id answered with an error"
-                    );
-                    Ok(stand_in(
-                        OVERSIZED_METHOD,
-                        json!({ "bytes": bytes, "limit": limit }),
-                        id,
-                    ))
-                }
-                None => {
-                    tracing::warn!(
-                        bytes,
-                        limit,
-                        "a message on stdio without an id is over the line limit: dropped"
-                    );
-                    Err(false)
-                }
-            },
-            Line::Whole => {
-                let line = request_shape::without_bom(self.lines.line());
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    return Err(false);
-                }
-                match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
-                    Ok(message) => Ok(message),
-                    Err(e) if !e.is_data() => match request_shape::too_deep(line, &e) {
-                        Some((id, why)) => {
-                            tracing::debug!(%why, "an unreadable request on stdio");
-                            Ok(stand_in(
-                                request_shape::INVALID_METHOD,
-                                json!({ "reason": why }),
-                                id,
-                            ))
-                        }
-                        None => {
-                            // Not JSON: no id to answer, and an answer could start an error
-                            // storm with a peer that echoes it (rmcp and the official SDKs
-                            // ignore it).
-                            tracing::debug!(error = %e, "ignoring a line on stdio that is not JSON");
-                            Err(false)
-                        }
-                    },
-                    Err(e) => match request_shape::why_unreadable(line, &e) {
-                        Some((id, why)) => {
-                            tracing::debug!(%why, "an unreadable request on stdio");
-                            Ok(stand_in(
-                                request_shape::INVALID_METHOD,
-                                json!({ "reason": why }),
-                                id,
-                            ))
-                        }
-                        None if is_notification(line) => {
-                            tracing::debug!(error = %e, "ignoring an unreadable notification");
-                            Err(false)
-                        }
-                        None => {
-                            tracing::debug!(error = %e, "an unreadable message on stdio");
-                            Err(true)
-                        }
-                    },
-                }
+        let line = match line {
+            Line::Over {
+                bytes,
+                id: Some(id),
+            } => {
+                tracing::warn!(
+                    bytes,
+                    limit,
+                    "a request on stdio is over the line limit: dropped, its id answered with an error"
+                );
+                let params = json!({ "bytes": bytes, "limit": limit });
+                return Next::Pass(stand_in(OVERSIZED_METHOD, params, id));
             }
+            Line::Over { bytes, id: None } => {
+                tracing::warn!(
+                    bytes,
+                    limit,
+                    "a message on stdio without a request's id is over the line limit: dropped"
+                );
+                return Next::Nothing;
+            }
+            Line::Whole => request_shape::without_bom(self.lines.line()),
+        };
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Next::Nothing;
+        }
+        let error = match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
+            Ok(message) => return Next::Pass(message),
+            Err(e) => e,
+        };
+        if let Some((id, why)) = request_shape::unreadable(line, &error) {
+            tracing::debug!(%why, "an unreadable request on stdio");
+            let params = json!({ "reason": why });
+            return Next::Pass(stand_in(request_shape::INVALID_METHOD, params, id));
+        }
+        if !error.is_data() {
+            // Not JSON: no id to answer, and an answer could start an error storm with a peer
+            // that echoes it (rmcp and the official SDKs ignore it).
+            tracing::debug!(%error, "ignoring a line on stdio that is not JSON");
+            Next::Nothing
+        } else if is_notification(line) {
+            tracing::debug!(%error, "ignoring an unreadable notification");
+            Next::Nothing
+        } else {
+            tracing::debug!(%error, "an unreadable message on stdio");
+            Next::Owe
         }
     }
+}
+
+/// What a line comes to.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made once per line and moved out at once, as the service's own `Option` of it is"
+)]
+enum Next {
+    /// A message for the service (the line's, or what stands for it).
+    Pass(ClientJsonRpcMessage),
+    /// Nothing (a blank line, bytes that are not JSON, a notification).
+    Nothing,
+    /// rmcp's id-less `-32600`: JSON that is no message and has no id to answer.
+    Owe,
 }
 
 impl<R, W> Transport<RoleServer> for StdioTransport<R, W>
@@ -199,15 +191,12 @@ where
                     return None;
                 }
             };
-            let message = self.message(line);
+            let next = self.next(line);
             self.lines.line_done();
-            match message {
-                Ok(message) => return Some(message),
-                Err(owed) => {
-                    if owed {
-                        self.owed = Some(Owed::Queue);
-                    }
-                }
+            match next {
+                Next::Pass(message) => return Some(message),
+                Next::Nothing => {}
+                Next::Owe => self.owed = Some(Owed::Queue),
             }
         }
     }
