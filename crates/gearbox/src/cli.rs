@@ -159,7 +159,8 @@ struct RunArgs {
     /// Memory limit, e.g. `128M`, `1G` (MiB when no unit).
     #[arg(long, value_parser = parse_size_mb)]
     memory: Option<u64>,
-    /// Extra files or directories copied into the workspace (repeatable).
+    /// Extra files or directories copied into the workspace (repeatable): regular files only,
+    /// named relative to the directory given; at most 256, within the workspace size.
     #[arg(long = "files", short = 'f')]
     files: Vec<PathBuf>,
     /// File whose content is the program's stdin (default: none, the program reads EOF).
@@ -536,8 +537,9 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
         .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned());
     let mut files = Vec::new();
+    let max_bytes = engine.config().limits.disk_mb.saturating_mul(1 << 20);
     for f in &args.files {
-        collect_files(f, &mut files)?;
+        collect_files(f, max_bytes, &mut files)?;
     }
     let mut env = BTreeMap::new();
     for kv in &args.env {
@@ -662,31 +664,60 @@ fn exit_status(o: &Outcome) -> u8 {
 }
 
 /// Add `path` (a file, or a directory walked recursively) to `out`, named relative to it.
-fn collect_files(path: &Path, out: &mut Vec<FileInput>) -> Result<()> {
+/// The walk stops as soon as the files could not be taken anyway: more than a run takes
+/// ([`gearbox_core::request::MAX_FILES`]) or more bytes than its workspace holds
+/// (`max_bytes`), so that `--files ~` is a clear error, not a read of the whole tree into
+/// memory. Every error names the path it is about; what is neither a file nor a directory
+/// (a FIFO, a socket, a device, a broken link) is left out.
+fn collect_files(path: &Path, max_bytes: u64, out: &mut Vec<FileInput>) -> Result<()> {
+    fn add(name: String, file: &Path, max_bytes: u64, out: &mut Vec<FileInput>) -> Result<()> {
+        let max_files = gearbox_core::request::MAX_FILES;
+        if out.len() >= max_files {
+            bail!(
+                "--files: more than {max_files} files (at {}); a run takes at most {max_files}",
+                file.display()
+            );
+        }
+        let taken: u64 = out.iter().map(|f| f.content.len() as u64).sum();
+        let meta =
+            std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?;
+        if taken + meta.len() > max_bytes {
+            bail!(
+                "--files: more than {} MiB (at {}); the files must fit the run's workspace",
+                max_bytes >> 20,
+                file.display()
+            );
+        }
+        let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        out.push(file_input(name, &bytes));
+        Ok(())
+    }
+    fn walk(root: &Path, dir: &Path, max_bytes: u64, out: &mut Vec<FileInput>) -> Result<()> {
+        let listing = |e| anyhow::Error::new(e).context(format!("listing {}", dir.display()));
+        for entry in std::fs::read_dir(dir).map_err(listing)? {
+            let p = entry.map_err(listing)?.path();
+            let ft = std::fs::symlink_metadata(&p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .file_type();
+            if ft.is_dir() {
+                walk(root, &p, max_bytes, out)?;
+            } else if ft.is_file() {
+                let rel = p.strip_prefix(root)?.to_string_lossy().into_owned();
+                add(rel, &p, max_bytes, out)?;
+            }
+        }
+        Ok(())
+    }
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if meta.is_file() {
         let name = path
             .file_name()
             .context("file without a name")?
-            .to_string_lossy();
-        out.push(file_input(name.into_owned(), &std::fs::read(path)?));
-        return Ok(());
+            .to_string_lossy()
+            .into_owned();
+        return add(name, path, max_bytes, out);
     }
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<FileInput>) -> Result<()> {
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
-            let p = entry.path();
-            let ft = entry.file_type()?;
-            if ft.is_dir() {
-                walk(root, &p, out)?;
-            } else if ft.is_file() {
-                let rel = p.strip_prefix(root)?.to_string_lossy().into_owned();
-                out.push(file_input(rel, &std::fs::read(&p)?));
-            }
-        }
-        Ok(())
-    }
-    walk(path, path, out)
+    walk(path, path, max_bytes, out)
 }
 
 fn file_input(filename: String, bytes: &[u8]) -> FileInput {

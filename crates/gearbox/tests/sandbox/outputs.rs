@@ -220,3 +220,55 @@ fn gearbox_run_writes_outputs_into_a_directory() {
     assert_eq!(std::fs::read(dir.join("a.csv")).expect("a.csv"), b"mine");
     std::fs::remove_dir_all(&dir).expect("rm");
 }
+
+/// `gearbox run --files DIR` takes DIR's regular files, named relative to it, and leaves out
+/// what is neither a file nor a directory (a FIFO, which a read would block on, a symlink);
+/// a tree larger than a run takes stops the walk with an error naming where, instead of
+/// reading it all.
+#[test]
+fn gearbox_run_files_takes_regular_files_and_stops_at_the_limit() {
+    let dir = std::env::temp_dir().join(format!("gearbox-run-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("b")).expect("mkdir");
+    std::fs::write(dir.join("a.txt"), "A").expect("write");
+    std::fs::write(dir.join("b/c.txt"), "C").expect("write");
+    std::os::unix::fs::symlink("/etc/hostname", dir.join("link")).expect("symlink");
+    let fifo = std::ffi::CString::new(dir.join("fifo").into_os_string().into_encoded_bytes())
+        .expect("path");
+    // SAFETY: mkfifo reads the NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+    let run = |files: &std::path::Path| {
+        let script = std::env::temp_dir().join(format!("gearbox-files-{}.py", std::process::id()));
+        std::fs::write(
+            &script,
+            "import os\nfor d, _, fs in sorted(os.walk('.')):\n    for f in sorted(fs):\n        p = os.path.join(d, f)[2:]\n        print(p, open(p).read())\n",
+        )
+        .expect("script");
+        std::process::Command::new(crate::support::gearbox_bin())
+            .args(["run", "--files"])
+            .arg(files)
+            .arg(&script)
+            .output()
+            .expect("gearbox run")
+    };
+    let out = run(&dir);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("a.txt A\n"), "{stdout}");
+    assert!(stdout.contains("b/c.txt C\n"), "{stdout}");
+    assert!(
+        !stdout.contains("fifo") && !stdout.contains("link"),
+        "{stdout}"
+    );
+    // More files than a run takes: an error at once, naming the limit.
+    let many = dir.join("many");
+    std::fs::create_dir(&many).expect("mkdir");
+    for i in 0..300 {
+        std::fs::write(many.join(format!("f{i}")), "x").expect("write");
+    }
+    let out = run(&many);
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("more than 256 files"), "{stderr}");
+    std::fs::remove_dir_all(&dir).expect("rm");
+}
