@@ -21,17 +21,17 @@ use serde_json::Value;
 pub const INVALID_METHOD: &str = "gearbox/invalid_request";
 
 /// If `bytes` is a request the transport will not read but whose id can be answered (of the
-/// wrong shape, or too deep): that id and why the request is not one. `None` for a readable message, for bytes that are not
-/// JSON (ignored, as rmcp and the official SDKs do), and for a message without a `method`
-/// (a response) or without an answerable id.
+/// wrong shape, or too deep): that id and why the request is not one. `None` for a readable
+/// message, for bytes that are not JSON (ignored, as rmcp and the official SDKs do), and for
+/// a message without a `method` (a response) or without an answerable id.
 pub fn unreadable_request(bytes: &[u8]) -> Option<(RequestId, String)> {
     let bytes = without_bom(bytes);
     let error = serde_json::from_slice::<ClientJsonRpcMessage>(bytes).err()?;
     unreadable(bytes, &error)
 }
 
-/// The same, for `bytes` (without a byte order mark) whose parse as a client message has
-/// just failed with `error`: the stdio transport parses each line once.
+/// [`unreadable_request`] for `bytes` (without a byte order mark) whose parse as a client
+/// message has just failed with `error`: the stdio transport parses each line once.
 pub fn unreadable(bytes: &[u8], error: &serde_json::Error) -> Option<(RequestId, String)> {
     why_unreadable(bytes, error).or_else(|| too_deep(bytes, error))
 }
