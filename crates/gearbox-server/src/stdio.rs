@@ -15,6 +15,8 @@
 //! - a request of the wrong shape, or nested deeper than serde_json reads (128 levels), with
 //!   an id the protocol allows is replaced by the stand-in of `request_shape.rs`, answered
 //!   `-32600` for its id, saying what is wrong;
+//! - a batch (an array of messages on one line, which MCP 2025-03-26 has servers accept and
+//!   rmcp's reader refuses) is taken message by message, each answered on its own line;
 //! - what has no answerable id keeps rmcp's behaviour: bytes that are not JSON are ignored,
 //!   a notification is never answered, and other JSON gets rmcp's id-less `-32600`.
 //!
@@ -22,6 +24,7 @@
 //! lines with a limit and an answer. What the server writes goes through rmcp's codec, as
 //! before.
 
+use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -61,6 +64,8 @@ pub struct StdioTransport<R, W> {
     /// written but not yet flushed (`Flush`): kept here so that a `receive` cancelled while
     /// it writes resumes where it stopped.
     owed: Option<Owed>,
+    /// The messages of a batch line not yet passed on.
+    batch: VecDeque<ClientJsonRpcMessage>,
 }
 
 enum Owed {
@@ -81,6 +86,7 @@ where
                 JsonRpcMessageCodec::default(),
             ))),
             owed: None,
+            batch: VecDeque::new(),
         }
     }
 
@@ -110,31 +116,62 @@ where
             }
             Line::Whole => request_shape::without_bom(self.lines.line()),
         };
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return Next::Nothing;
-        }
-        let error = match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
-            Ok(message) => return Next::Pass(message),
-            Err(e) => e,
-        };
-        if let Some((id, why)) = request_shape::unreadable(line, &error) {
-            tracing::debug!(%why, "an unreadable request on stdio");
-            let params = json!({ "reason": why });
-            return Next::Pass(stand_in(request_shape::INVALID_METHOD, params, id));
-        }
-        if !error.is_data() {
-            // Not JSON: no id to answer, and an answer could start an error storm with a peer
-            // that echoes it (rmcp and the official SDKs ignore it).
-            tracing::debug!(%error, "ignoring a line on stdio that is not JSON");
-            Next::Nothing
-        } else if is_notification(line) {
-            tracing::debug!(%error, "ignoring an unreadable notification");
-            Next::Nothing
-        } else {
-            tracing::debug!(%error, "an unreadable message on stdio");
-            Next::Owe
+        match message_of(line) {
+            Next::Owe if line.trim_ascii_start().starts_with(b"[") => batch(line),
+            next => next,
         }
     }
+}
+
+/// What one JSON text (a line, or an element of a batch) comes to.
+fn message_of(text: &[u8]) -> Next {
+    if text.iter().all(u8::is_ascii_whitespace) {
+        return Next::Nothing;
+    }
+    let error = match serde_json::from_slice::<ClientJsonRpcMessage>(text) {
+        Ok(message) => return Next::Pass(message),
+        Err(e) => e,
+    };
+    if let Some((id, why)) = request_shape::unreadable(text, &error) {
+        tracing::debug!(%why, "an unreadable request on stdio");
+        let params = json!({ "reason": why });
+        return Next::Pass(stand_in(request_shape::INVALID_METHOD, params, id));
+    }
+    if !error.is_data() {
+        // Not JSON: no id to answer, and an answer could start an error storm with a peer
+        // that echoes it (rmcp and the official SDKs ignore it).
+        tracing::debug!(%error, "ignoring a line on stdio that is not JSON");
+        Next::Nothing
+    } else if is_notification(text) {
+        tracing::debug!(%error, "ignoring an unreadable notification");
+        Next::Nothing
+    } else {
+        tracing::debug!(%error, "an unreadable message on stdio");
+        Next::Owe
+    }
+}
+
+/// A JSON-RPC batch (an array of messages on one line; MCP 2025-03-26 has servers accept
+/// them, later revisions dropped them): each message is taken as if it had come on a line of
+/// its own, and answered on its own. An empty batch, or one with a message that has no id to
+/// answer, owes rmcp's id-less error once.
+fn batch(line: &[u8]) -> Next {
+    let Ok(elements) = serde_json::from_slice::<Vec<Value>>(line) else {
+        return Next::Owe;
+    };
+    let mut messages = Vec::with_capacity(elements.len());
+    let mut owe = elements.is_empty();
+    for element in elements {
+        // Written back and parsed as a line is, so that an element is read exactly as the
+        // same message alone on a line would be.
+        match message_of(&serde_json::to_vec(&element).unwrap_or_default()) {
+            Next::Pass(message) => messages.push(message),
+            Next::Nothing => {}
+            Next::Owe => owe = true,
+            Next::Batch(..) => owe = true,
+        }
+    }
+    Next::Batch(messages, owe)
 }
 
 /// What a line comes to.
@@ -149,6 +186,8 @@ enum Next {
     Nothing,
     /// rmcp's id-less `-32600`: JSON that is no message and has no id to answer.
     Owe,
+    /// The messages of a batch, and whether an id-less error is owed for it.
+    Batch(Vec<ClientJsonRpcMessage>, bool),
 }
 
 impl<R, W> Transport<RoleServer> for StdioTransport<R, W>
@@ -183,6 +222,9 @@ where
                 write.flush().await.ok()?;
                 self.owed = None;
             }
+            if let Some(message) = self.batch.pop_front() {
+                return Some(message);
+            }
             let line = match std::future::poll_fn(|cx| self.lines.poll_line(cx)).await {
                 Ok(Some(line)) => line,
                 Ok(None) => return None,
@@ -197,6 +239,12 @@ where
                 Next::Pass(message) => return Some(message),
                 Next::Nothing => {}
                 Next::Owe => self.owed = Some(Owed::Queue),
+                Next::Batch(messages, owe) => {
+                    if owe {
+                        self.owed = Some(Owed::Queue);
+                    }
+                    self.batch.extend(messages);
+                }
             }
         }
     }
@@ -357,33 +405,38 @@ mod tests {
             "",
             "not json",
             &big,
-            &"x".repeat(300),
+            &"x".repeat(400),
             r#"{"jsonrpc":"2.0","id":"s","method":"ping","params":"x"}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":"x"}"#,
             r#"[1]"#,
+            r#" [{"jsonrpc":"2.0","id":7,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":"b","method":"ping","params":"x"}]"#,
+            "[]",
             "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}\r",
             r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
         ]
         .join("\n")
             + "\n{\"cut\":";
         for piece in [1, 7, 4096] {
-            let (got, out) = through(input.as_bytes(), 100, piece).await;
-            assert_eq!(got.len(), 5, "{got:?}");
+            let (got, out) = through(input.as_bytes(), 300, piece).await;
+            assert_eq!(got.len(), 8, "{got:?}");
             assert_eq!(got[0], json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
             assert_eq!(got[1]["id"], 42);
             assert_eq!(got[1]["method"], OVERSIZED_METHOD);
-            assert_eq!(got[1]["params"], json!({"bytes": big.len(), "limit": 100}));
+            assert_eq!(got[1]["params"], json!({"bytes": big.len(), "limit": 300}));
             assert_eq!(got[2]["id"], "s");
             assert_eq!(got[2]["method"], request_shape::INVALID_METHOD);
             assert_eq!(got[2]["params"]["reason"], r#""params" must be an object"#);
-            assert_eq!(got[3]["id"], 2);
-            assert_eq!(got[4]["id"], 3);
-            // Only `[1]` (JSON, no message, nothing to answer) gets rmcp's id-less error.
-            assert_eq!(
-                out,
-                "{\"jsonrpc\":\"2.0\",\"error\":{\"code\":-32600,\"message\":\"Invalid request\"}}\n",
-                "piece {piece}"
-            );
+            // A batch: each message passed on as if alone on its line, in order.
+            assert_eq!(got[3], json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}));
+            assert_eq!(got[4]["method"], "notifications/initialized");
+            assert_eq!(got[5]["id"], "b");
+            assert_eq!(got[5]["method"], request_shape::INVALID_METHOD);
+            assert_eq!(got[6]["id"], 2);
+            assert_eq!(got[7]["id"], 3);
+            // Only `[1]` and `[]` (JSON, no message, nothing to answer) get rmcp's id-less
+            // error.
+            let idless = "{\"jsonrpc\":\"2.0\",\"error\":{\"code\":-32600,\"message\":\"Invalid request\"}}\n";
+            assert_eq!(out, idless.repeat(2), "piece {piece}");
         }
     }
 }

@@ -411,6 +411,12 @@ async fn unreadable_body_is_bad_request(
                 -32600,
                 format!("Invalid Request: {why}"),
             ),
+            None if bytes.trim_ascii_start().starts_with(b"[") => (
+                serde_json::Value::Null,
+                -32600,
+                "Invalid Request: a JSON-RPC batch; over HTTP, send one message per request"
+                    .to_string(),
+            ),
             None => (
                 serde_json::Value::Null,
                 -32600,

@@ -338,6 +338,23 @@ async fn an_unreadable_body_is_a_bad_request_with_a_json_rpc_error() {
             "{v}"
         );
     }
+    // A batch is not taken over HTTP, and the error says so.
+    let r = post(
+        "application/json",
+        br#"[{"jsonrpc":"2.0","id":30,"method":"ping"}]"#.to_vec(),
+    )
+    .await
+    .expect("post");
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.expect("a JSON-RPC error body");
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("batch"),
+        "{v}"
+    );
     let r = post("text/plain", b"{}".to_vec()).await.expect("post");
     assert_eq!(r.status(), 415);
     // A readable call with a JSON content type's parameter is served (the 415 rewrite

@@ -1069,6 +1069,31 @@ async fn hostile_bytes_on_stdio_never_stop_the_server() {
             "{v}"
         );
     }
+    // A batch (MCP 2025-03-26 has servers accept them): each request answered on its own.
+    send(
+        &mut stdin,
+        br#"[{"jsonrpc":"2.0","id":20,"method":"ping"},{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"name":"execute_code","arguments":{"language":"python","code":"print(20+1)"}}}]"#,
+    )
+    .await;
+    // Answered in any order: read until both have come.
+    let mut batch = std::collections::BTreeMap::new();
+    while batch.len() < 2 {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("both of the batch's requests answered within 60 s")
+            .expect("read")
+            .expect("the server closed stdout");
+        let v: Value = serde_json::from_str(&line).expect("JSON");
+        if let Some(id) = v["id"].as_i64().filter(|id| [20, 21].contains(id)) {
+            batch.insert(id, v);
+        }
+    }
+    assert_eq!(batch[&20]["result"], json!({}), "{:?}", batch[&20]);
+    assert_eq!(
+        batch[&21]["result"]["structuredContent"]["stdout"], "21\n",
+        "{:?}",
+        batch[&21]
+    );
     // Wrong types and an unknown method get JSON-RPC errors with their own ids.
     send(
         &mut stdin,
