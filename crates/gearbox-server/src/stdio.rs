@@ -37,6 +37,7 @@ use rmcp::model::{
 };
 use rmcp::transport::Transport;
 use rmcp::transport::async_rw::{JsonRpcMessageCodec, JsonRpcMessageCodecError};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Mutex;
@@ -116,9 +117,10 @@ where
             }
             Line::Whole => request_shape::without_bom(self.lines.line()),
         };
-        match message_of(line) {
-            Next::Owe if line.trim_ascii_start().starts_with(b"[") => batch(line),
-            next => next,
+        if line.trim_ascii_start().starts_with(b"[") {
+            batch(line)
+        } else {
+            message_of(line)
         }
     }
 }
@@ -152,23 +154,25 @@ fn message_of(text: &[u8]) -> Next {
 }
 
 /// A JSON-RPC batch (an array of messages on one line; MCP 2025-03-26 has servers accept
-/// them, later revisions dropped them): each message is taken as if it had come on a line of
-/// its own, and answered on its own. An empty batch, or one with a message that has no id to
-/// answer, owes rmcp's id-less error once.
+/// them, later revisions dropped them): each message is taken, from its own bytes, as if it
+/// had come on a line of its own, and answered on its own. An empty batch, or one with a
+/// message that has no id to answer, owes rmcp's id-less error once; bytes that are not a
+/// JSON array are ignored, as any line that is not JSON.
 fn batch(line: &[u8]) -> Next {
-    let Ok(elements) = serde_json::from_slice::<Vec<Value>>(line) else {
-        return Next::Owe;
+    let elements = match serde_json::from_slice::<Vec<&RawValue>>(line) {
+        Ok(elements) => elements,
+        Err(error) => {
+            tracing::debug!(%error, "ignoring a line on stdio that is not JSON");
+            return Next::Nothing;
+        }
     };
     let mut messages = Vec::with_capacity(elements.len());
     let mut owe = elements.is_empty();
     for element in elements {
-        // Written back and parsed as a line is, so that an element is read exactly as the
-        // same message alone on a line would be.
-        match message_of(&serde_json::to_vec(&element).unwrap_or_default()) {
+        match message_of(element.get().as_bytes()) {
             Next::Pass(message) => messages.push(message),
             Next::Nothing => {}
-            Next::Owe => owe = true,
-            Next::Batch(..) => owe = true,
+            Next::Owe | Next::Batch(..) => owe = true,
         }
     }
     Next::Batch(messages, owe)
@@ -405,24 +409,29 @@ mod tests {
             "",
             "not json",
             &big,
-            &"x".repeat(400),
+            &"x".repeat(500),
             r#"{"jsonrpc":"2.0","id":"s","method":"ping","params":"x"}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":"x"}"#,
             r#"[1]"#,
             r#" [{"jsonrpc":"2.0","id":7,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":"b","method":"ping","params":"x"}]"#,
             "[]",
+            &format!(
+                r#"[{{"jsonrpc":"2.0","id":8,"method":"ping","params":{{"x":{}{}}}}}]"#,
+                "[".repeat(130),
+                "]".repeat(130)
+            ),
             "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}\r",
             r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
         ]
         .join("\n")
             + "\n{\"cut\":";
         for piece in [1, 7, 4096] {
-            let (got, out) = through(input.as_bytes(), 300, piece).await;
-            assert_eq!(got.len(), 8, "{got:?}");
+            let (got, out) = through(input.as_bytes(), 400, piece).await;
+            assert_eq!(got.len(), 9, "{got:?}");
             assert_eq!(got[0], json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
             assert_eq!(got[1]["id"], 42);
             assert_eq!(got[1]["method"], OVERSIZED_METHOD);
-            assert_eq!(got[1]["params"], json!({"bytes": big.len(), "limit": 300}));
+            assert_eq!(got[1]["params"], json!({"bytes": big.len(), "limit": 400}));
             assert_eq!(got[2]["id"], "s");
             assert_eq!(got[2]["method"], request_shape::INVALID_METHOD);
             assert_eq!(got[2]["params"]["reason"], r#""params" must be an object"#);
@@ -431,8 +440,11 @@ mod tests {
             assert_eq!(got[4]["method"], "notifications/initialized");
             assert_eq!(got[5]["id"], "b");
             assert_eq!(got[5]["method"], request_shape::INVALID_METHOD);
-            assert_eq!(got[6]["id"], 2);
-            assert_eq!(got[7]["id"], 3);
+            // A batch's request too deep to read, answered for its id.
+            assert_eq!(got[6]["id"], 8);
+            assert_eq!(got[6]["params"]["reason"], request_shape::TOO_DEEP);
+            assert_eq!(got[7]["id"], 2);
+            assert_eq!(got[8]["id"], 3);
             // Only `[1]` and `[]` (JSON, no message, nothing to answer) get rmcp's id-less
             // error.
             let idless = "{\"jsonrpc\":\"2.0\",\"error\":{\"code\":-32600,\"message\":\"Invalid request\"}}\n";
