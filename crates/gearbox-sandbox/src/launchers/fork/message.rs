@@ -94,3 +94,10 @@ pub(crate) fn program_failed(chan: c_int, fail: Fail) -> ! {
     // SAFETY: ends this process.
     unsafe { _exit(127) }
 }
+
+/// Report a run init's failed step on the slot's control socket and end it.
+pub(crate) fn init_failed(chan: c_int, fail: Fail) -> ! {
+    send_failed(chan, &fail);
+    // SAFETY: ends this process.
+    unsafe { _exit(1) }
+}

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::config::Config;
 use super::entropy::OpenSsl;
-use super::message::{Buf, Fail, check, send_buf, send_failed, send_str};
+use super::message::{
+    Buf, Fail, check, init_failed, program_failed, send_buf, send_failed, send_str,
+};
 use super::restrict::restrict;
 use super::restriction::{HOSTNAME, PROC_READONLY, SCRATCH, USER_LIMITS, scratch_inodes};
 use super::sys::*;
@@ -198,9 +200,7 @@ fn init(
         close(config.control_fd);
     }
     if let Err(fail) = map_ids(uid, gid) {
-        send_failed(chan, &fail);
-        // SAFETY: ends this process.
-        unsafe { _exit(1) };
+        init_failed(chan, fail);
     }
     send_str(chan, "{\"t\":\"hello\"}");
     // `go`, with the `tasks` file of each of the run's v1 cgroups when the server sends them
@@ -215,16 +215,12 @@ fn init(
         // SAFETY: writes one byte from a static to an fd this process received.
         let n = unsafe { write(fd, b"0".as_ptr().cast(), 1) };
         if n != 1 {
-            send_failed(chan, &Fail::new("join cgroup", errno()));
-            // SAFETY: ends this process.
-            unsafe { _exit(1) };
+            init_failed(chan, Fail::new("join cgroup", errno()));
         }
     }
     close_all(&tasks);
     if let Err(fail) = build(config) {
-        send_failed(chan, &fail);
-        // SAFETY: ends this process.
-        unsafe { _exit(1) };
+        init_failed(chan, fail);
     }
     // Init is not dumpable from here on, as the cold path's init is (it changed its ids):
     // its /proc files belong to its user namespace's root, which the run does not map, so
@@ -233,25 +229,19 @@ fn init(
     // the program is dumpable again at once, as a cold program is after its exec.
     // SAFETY: prctl takes integers.
     if unsafe { prctl(PR_SET_DUMPABLE, 0 as c_ulong) } != 0 {
-        send_failed(chan, &Fail::new("make init undumpable", errno()));
-        // SAFETY: ends this process.
-        unsafe { _exit(1) };
+        init_failed(chan, Fail::new("make init undumpable", errno()));
     }
     // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
     let child = unsafe { fork() };
     if child == 0 {
         // SAFETY: prctl takes integers.
         if unsafe { prctl(PR_SET_DUMPABLE, 1 as c_ulong) } != 0 {
-            send_failed(chan, &Fail::new("make the program dumpable", errno()));
-            // SAFETY: ends this process.
-            unsafe { _exit(1) };
+            init_failed(chan, Fail::new("make the program dumpable", errno()));
         }
         return program(config, openssl, [chan, stdin, stdout, stderr], keeper);
     }
     if child < 0 {
-        send_failed(chan, &Fail::new("fork program", errno()));
-        // SAFETY: ends this process.
-        unsafe { _exit(1) };
+        init_failed(chan, Fail::new("fork program", errno()));
     }
     close_all(&[stdin, stdout, stderr]);
     send_str(chan, "{\"t\":\"ready\"}");
@@ -574,9 +564,7 @@ fn program(
 ) -> Handed {
     set_name(config.program_name);
     if let Err(fail) = openssl.renew() {
-        send_failed(chan, &fail);
-        // SAFETY: ends this process.
-        unsafe { _exit(127) }
+        program_failed(chan, fail)
     }
     match restrict(config, [stdin, stdout, stderr]) {
         Ok(landlock) => {
@@ -593,11 +581,7 @@ fn program(
             }
             Handed { chan }
         }
-        Err(fail) => {
-            send_failed(chan, &fail);
-            // SAFETY: ends this process.
-            unsafe { _exit(127) }
-        }
+        Err(fail) => program_failed(chan, fail),
     }
 }
 
