@@ -8,17 +8,39 @@
 //! nothing at all. When such a message is an object with a `method` and an id the protocol
 //! allows (an integer or a string), it is a request whose caller can be answered:
 //! [`unreadable`] gives its id and what is wrong with it. The stdio transport (`stdio.rs`)
-//! then passes on a stand-in request of [`INVALID_METHOD`] under that id, which the server
-//! answers with `-32600`; the HTTP layer answers it at once.
+//! then passes on a [`stand_in`] request under that id (as it does for a request too long to
+//! read), which the server answers with `-32600` and the message it carries; the HTTP layer
+//! answers at once.
 //!
 //! Which messages are unreadable is decided by rmcp's own parse (the same type, the same
 //! function), so the two never disagree.
 
-use rmcp::model::{ClientJsonRpcMessage, RequestId};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, CustomRequest, RequestId};
 use serde_json::Value;
 
-/// The method of the request that stands for an unreadable one; answered with an error only.
-pub const INVALID_METHOD: &str = "gearbox/invalid_request";
+/// The method of the request that stands, under a client's id, for one the stdio transport
+/// could not read: answered `-32600` with the message it carries, and with nothing else.
+pub const STAND_IN_METHOD: &str = "gearbox/unread_request";
+
+/// The stand-in for an unread request: [`STAND_IN_METHOD`] under its `id`, carrying the
+/// message its caller gets.
+pub fn stand_in(id: RequestId, message: String) -> ClientJsonRpcMessage {
+    let params = serde_json::json!({ "message": message });
+    ClientJsonRpcMessage::request(
+        ClientRequest::CustomRequest(CustomRequest::new(STAND_IN_METHOD, Some(params))),
+        id,
+    )
+}
+
+/// The message a request of `method` with `params` is answered with if it is a stand-in.
+/// A client calling the method itself without a message gets "method not found", as for any
+/// unknown method; with one, its own message back.
+pub fn stand_in_message<'a>(method: &str, params: Option<&'a Value>) -> Option<&'a str> {
+    if method != STAND_IN_METHOD {
+        return None;
+    }
+    params?.get("message")?.as_str()
+}
 
 /// If `bytes` is a request the transport will not read but whose id can be answered (of the
 /// wrong shape, or too deep): that id and why the request is not one. `None` for a readable

@@ -857,8 +857,9 @@ impl ServerHandler for GearboxServer {
 /// request): an unknown method is "method not found"; a method this server serves whose
 /// params do not fit is "invalid params" (-32602), naming what does not fit, as JSON-RPC
 /// says and the official Python SDK answers (rmcp's default said "method not found" for a
-/// method the server lists). The stand-ins for a request too long to read on stdio and for
-/// one that is not of a request's shape are answered here too (`-32600`).
+/// method the server lists). The stdio transport's stand-in for a request it could not
+/// read (too long, of the wrong shape, too deep) is answered here too: `-32600` with the
+/// message it carries (`request_shape.rs`).
 fn unread_request_error(method: &str, params: Option<Value>) -> McpError {
     fn why<T: serde::de::DeserializeOwned>(params: Option<Value>) -> String {
         match params {
@@ -870,25 +871,8 @@ fn unread_request_error(method: &str, params: Option<Value>) -> McpError {
             },
         }
     }
-    let size = |k: &str| params.as_ref()?.get(k)?.as_u64();
-    if method == crate::stdio::OVERSIZED_METHOD
-        && let (Some(bytes), Some(limit)) = (size("bytes"), size("limit"))
-    {
-        // The stand-in for a request too long to read (`stdio.rs`). Sent by a client,
-        // without both figures, it is an unknown method like any other.
-        return McpError::invalid_request(
-            format!(
-                "the request was not read: it is {bytes} bytes, over the {limit} bytes a message on stdio may be"
-            ),
-            None,
-        );
-    }
-    if method == crate::request_shape::INVALID_METHOD
-        && let Some(reason) = params.as_ref().and_then(|p| p.get("reason")?.as_str())
-    {
-        // The stand-in for a request rmcp could not read (`request_shape.rs`). Sent by a
-        // client, without its reason, it is an unknown method like any other.
-        return McpError::invalid_request(format!("Invalid Request: {reason}"), None);
+    if let Some(message) = crate::request_shape::stand_in_message(method, params.as_ref()) {
+        return McpError::invalid_request(message.to_string(), None);
     }
     let why = match method {
         "initialize" => why::<InitializeRequestParams>(params),

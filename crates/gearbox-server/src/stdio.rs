@@ -7,8 +7,8 @@
 //! reads each line once, bounded, and parses it once, as rmcp does (the same type, the same
 //! function); then:
 //! - a line over [`MAX_LINE`] is never held: if it was a request, a small request of the
-//!   reserved method [`OVERSIZED_METHOD`] with its id stands in for it, which the server
-//!   answers with an error (`server.rs`). The id is read from the line's top level by
+//!   stand-in request with its id takes its place (`request_shape::stand_in`), which the
+//!   server answers with an error saying so (`server.rs`). The id is read from the line's top level by
 //!   [`IdScan`] as the bytes pass (strings and nesting tracked, so an `"id"` inside the params
 //!   is not taken for it), wherever it comes in the line; a line without a top-level
 //!   `method` (a response) is not answered;
@@ -32,13 +32,11 @@ use std::task::{Context, Poll, ready};
 
 use futures::SinkExt;
 use rmcp::RoleServer;
-use rmcp::model::{
-    ClientJsonRpcMessage, ClientRequest, CustomRequest, ErrorData, RequestId, ServerJsonRpcMessage,
-};
+use rmcp::model::{ClientJsonRpcMessage, ErrorData, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::transport::async_rw::{JsonRpcMessageCodec, JsonRpcMessageCodecError};
+use serde_json::Value;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Mutex;
 use tokio_util::codec::FramedWrite;
@@ -48,9 +46,6 @@ use crate::request_shape::{self, IdScan};
 /// The longest line read, its newline not counted: rmcp's own limit
 /// (`DEFAULT_MAX_LINE_LENGTH`, 16 MiB with the newline).
 pub const MAX_LINE: usize = 16 * 1024 * 1024 - 1;
-
-/// The method of the request that stands for a dropped one; answered with an error only.
-pub const OVERSIZED_METHOD: &str = "gearbox/oversized_request";
 
 /// The buffer space kept between lines.
 const KEEP: usize = 64 * 1024;
@@ -104,8 +99,12 @@ where
                     limit,
                     "a request on stdio is over the line limit: dropped, its id answered with an error"
                 );
-                let params = json!({ "bytes": bytes, "limit": limit });
-                return Next::Pass(stand_in(OVERSIZED_METHOD, params, id));
+                return Next::Pass(request_shape::stand_in(
+                    id,
+                    format!(
+                        "the request was not read: it is {bytes} bytes, over the {limit} bytes a message on stdio may be"
+                    ),
+                ));
             }
             Line::Over { bytes, id: None } => {
                 tracing::warn!(
@@ -136,8 +135,10 @@ fn message_of(text: &[u8]) -> Next {
     };
     if let Some((id, why)) = request_shape::unreadable(text, &error) {
         tracing::debug!(%why, "an unreadable request on stdio");
-        let params = json!({ "reason": why });
-        return Next::Pass(stand_in(request_shape::INVALID_METHOD, params, id));
+        return Next::Pass(request_shape::stand_in(
+            id,
+            format!("Invalid Request: {why}"),
+        ));
     }
     if !error.is_data() {
         // Not JSON: no id to answer, and an answer could start an error storm with a peer
@@ -258,14 +259,6 @@ where
     }
 }
 
-/// A request of `method` with `params` under a client's `id`.
-fn stand_in(method: &str, params: Value, id: RequestId) -> ClientJsonRpcMessage {
-    ClientJsonRpcMessage::request(
-        ClientRequest::CustomRequest(CustomRequest::new(method, Some(params))),
-        id,
-    )
-}
-
 /// Whether `line` is a JSON object with a `method` and no `id`: a notification, never
 /// answered, whatever its shape.
 fn is_notification(line: &[u8]) -> bool {
@@ -370,6 +363,7 @@ impl<R: AsyncRead + Unpin> Lines<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// What the transport passes on for `input` read in pieces of `piece` bytes, and what it
     /// writes back itself.
@@ -430,19 +424,31 @@ mod tests {
             assert_eq!(got.len(), 9, "{got:?}");
             assert_eq!(got[0], json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
             assert_eq!(got[1]["id"], 42);
-            assert_eq!(got[1]["method"], OVERSIZED_METHOD);
-            assert_eq!(got[1]["params"], json!({"bytes": big.len(), "limit": 400}));
+            assert_eq!(got[1]["method"], request_shape::STAND_IN_METHOD);
+            assert_eq!(
+                got[1]["params"]["message"],
+                format!(
+                    "the request was not read: it is {} bytes, over the 400 bytes a message on stdio may be",
+                    big.len()
+                )
+            );
             assert_eq!(got[2]["id"], "s");
-            assert_eq!(got[2]["method"], request_shape::INVALID_METHOD);
-            assert_eq!(got[2]["params"]["reason"], r#""params" must be an object"#);
+            assert_eq!(got[2]["method"], request_shape::STAND_IN_METHOD);
+            assert_eq!(
+                got[2]["params"]["message"],
+                r#"Invalid Request: "params" must be an object"#
+            );
             // A batch: each message passed on as if alone on its line, in order.
             assert_eq!(got[3], json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}));
             assert_eq!(got[4]["method"], "notifications/initialized");
             assert_eq!(got[5]["id"], "b");
-            assert_eq!(got[5]["method"], request_shape::INVALID_METHOD);
+            assert_eq!(got[5]["method"], request_shape::STAND_IN_METHOD);
             // A batch's request too deep to read, answered for its id.
             assert_eq!(got[6]["id"], 8);
-            assert_eq!(got[6]["params"]["reason"], request_shape::TOO_DEEP);
+            assert_eq!(
+                got[6]["params"]["message"],
+                format!("Invalid Request: {}", request_shape::TOO_DEEP)
+            );
             assert_eq!(got[7]["id"], 2);
             assert_eq!(got[8]["id"], 3);
             // Only `[1]` and `[]` (JSON, no message, nothing to answer) get rmcp's id-less
