@@ -536,11 +536,15 @@ fn run(engine: Engine, args: RunArgs) -> Result<ExitCode> {
         .as_ref()
         .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned());
-    let mut files = Vec::new();
-    let max_bytes = engine.config().limits.disk_mb.saturating_mul(1 << 20);
+    let mut collected = Collected {
+        files: Vec::new(),
+        bytes: 0,
+        max_bytes: engine.config().limits.disk_mb.saturating_mul(1 << 20),
+    };
     for f in &args.files {
-        collect_files(f, max_bytes, &mut files)?;
+        collected.add_path(f)?;
     }
+    let files = collected.files;
     let mut env = BTreeMap::new();
     for kv in &args.env {
         let (k, v) = kv
@@ -663,36 +667,36 @@ fn exit_status(o: &Outcome) -> u8 {
     }
 }
 
-/// Add `path` (a file, or a directory walked recursively) to `out`, named relative to it.
-/// The walk stops as soon as the files could not be taken anyway: more than a run takes
-/// ([`gearbox_core::request::MAX_FILES`]) or more bytes than its workspace holds
-/// (`max_bytes`), so that `--files ~` is a clear error, not a read of the whole tree into
-/// memory. Every error names the path it is about; what is neither a file nor a directory
-/// (a FIFO, a socket, a device, a broken link) is left out.
-fn collect_files(path: &Path, max_bytes: u64, out: &mut Vec<FileInput>) -> Result<()> {
-    fn add(name: String, file: &Path, max_bytes: u64, out: &mut Vec<FileInput>) -> Result<()> {
-        let max_files = gearbox_core::request::MAX_FILES;
-        if out.len() >= max_files {
-            bail!(
-                "--files: more than {max_files} files (at {}); a run takes at most {max_files}",
-                file.display()
-            );
-        }
-        let taken: u64 = out.iter().map(|f| f.content.len() as u64).sum();
+/// The files of `--files`, collected.
+struct Collected {
+    files: Vec<FileInput>,
+    /// Their bytes (as read, not as encoded), against `max_bytes`.
+    bytes: u64,
+    max_bytes: u64,
+}
+
+impl Collected {
+    /// Add `path` (a file, or a directory walked recursively), named relative to it. The
+    /// walk stops as soon as the files could not be taken anyway: more than a run takes
+    /// ([`gearbox_core::request::MAX_FILES`]) or more bytes than its workspace holds
+    /// (`max_bytes`), so that `--files ~` is a clear error, not a read of the whole tree into
+    /// memory. Every error names the path it is about; what is neither a file nor a
+    /// directory (a FIFO, a socket, a device, a symlink) is left out.
+    fn add_path(&mut self, path: &Path) -> Result<()> {
         let meta =
-            std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?;
-        if taken + meta.len() > max_bytes {
-            bail!(
-                "--files: more than {} MiB (at {}); the files must fit the run's workspace",
-                max_bytes >> 20,
-                file.display()
-            );
+            std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+        if meta.is_file() {
+            let name = path
+                .file_name()
+                .context("file without a name")?
+                .to_string_lossy()
+                .into_owned();
+            return self.add_file(name, path);
         }
-        let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-        out.push(file_input(name, &bytes));
-        Ok(())
+        self.walk(path, path)
     }
-    fn walk(root: &Path, dir: &Path, max_bytes: u64, out: &mut Vec<FileInput>) -> Result<()> {
+
+    fn walk(&mut self, root: &Path, dir: &Path) -> Result<()> {
         let listing = |e| anyhow::Error::new(e).context(format!("listing {}", dir.display()));
         for entry in std::fs::read_dir(dir).map_err(listing)? {
             let p = entry.map_err(listing)?.path();
@@ -700,24 +704,38 @@ fn collect_files(path: &Path, max_bytes: u64, out: &mut Vec<FileInput>) -> Resul
                 .with_context(|| format!("reading {}", p.display()))?
                 .file_type();
             if ft.is_dir() {
-                walk(root, &p, max_bytes, out)?;
+                self.walk(root, &p)?;
             } else if ft.is_file() {
                 let rel = p.strip_prefix(root)?.to_string_lossy().into_owned();
-                add(rel, &p, max_bytes, out)?;
+                self.add_file(rel, &p)?;
             }
         }
         Ok(())
     }
-    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-    if meta.is_file() {
-        let name = path
-            .file_name()
-            .context("file without a name")?
-            .to_string_lossy()
-            .into_owned();
-        return add(name, path, max_bytes, out);
+
+    fn add_file(&mut self, name: String, file: &Path) -> Result<()> {
+        let max_files = gearbox_core::request::MAX_FILES;
+        if self.files.len() >= max_files {
+            bail!(
+                "--files: more than {max_files} files (at {}); a run takes at most {max_files}",
+                file.display()
+            );
+        }
+        let size = std::fs::metadata(file)
+            .with_context(|| format!("reading {}", file.display()))?
+            .len();
+        if self.bytes + size > self.max_bytes {
+            bail!(
+                "--files: more than {} MiB (at {}); the files must fit the run's workspace",
+                self.max_bytes >> 20,
+                file.display()
+            );
+        }
+        let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        self.bytes += bytes.len() as u64;
+        self.files.push(file_input(name, &bytes));
+        Ok(())
     }
-    walk(path, path, max_bytes, out)
 }
 
 fn file_input(filename: String, bytes: &[u8]) -> FileInput {

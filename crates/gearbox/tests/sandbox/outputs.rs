@@ -270,5 +270,42 @@ fn gearbox_run_files_takes_regular_files_and_stops_at_the_limit() {
     assert!(!out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("more than 256 files"), "{stderr}");
+    // The bytes are counted as read, against the workspace's size: three binary files of 300
+    // KiB fit a 1 MiB workspace (base64 they would be 1.2 MB), a fourth does not.
+    let config = dir.join("small.toml");
+    std::fs::write(&config, "[limits]\ndisk_mb = 1\n").expect("config");
+    let binary = dir.join("binary");
+    std::fs::create_dir(&binary).expect("mkdir");
+    let blob: Vec<u8> = (0..300 * 1024).map(|i| (i % 251) as u8 | 0x80).collect();
+    let script = dir.join("sizes.py");
+    std::fs::write(
+        &script,
+        "import os\nprint(sorted(os.path.getsize(f) for f in os.listdir('.') if f.startswith('blob')))\n",
+    )
+    .expect("script");
+    let sized = |files: &std::path::Path| {
+        std::process::Command::new(crate::support::gearbox_bin())
+            .arg("--config")
+            .arg(&config)
+            .args(["run", "--files"])
+            .arg(files)
+            .arg(&script)
+            .output()
+            .expect("gearbox run")
+    };
+    for name in ["blob1", "blob2", "blob3"] {
+        std::fs::write(binary.join(name), &blob).expect("blob");
+    }
+    let out = sized(&binary);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "[307200, 307200, 307200]\n"
+    );
+    std::fs::write(binary.join("blob4"), &blob).expect("blob");
+    let out = sized(&binary);
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("more than 1 MiB"), "{stderr}");
     std::fs::remove_dir_all(&dir).expect("rm");
 }
