@@ -370,12 +370,13 @@ fn busy_response(refusal: &crate::limiter::Refusal, id: serde_json::Value) -> Re
 /// Middleware: a POST to `/mcp` whose JSON body cannot be read is a `400 Bad Request` with a
 /// JSON-RPC error (`id` null), as the official TypeScript and Python SDKs' servers answer:
 /// `-32700 Parse error` when the body is not JSON, `-32600 Invalid Request` when it is JSON
-/// but no JSON-RPC message (for the request's own id, and saying what is wrong, when it is a
-/// request with an id that can be answered, or one nested too deep to read: `request_shape.rs`). The transport alone answers both `415 Unsupported Media Type`,
-/// which tells a client its content type was wrong when it was not; with a JSON content
-/// type a 415 can only be that, so only then is the body looked at again (a call the
-/// transport reads pays nothing more than the body held for the while). A body of another
-/// content type is left to the transport.
+/// but no JSON-RPC message (for the request's own id, saying what is wrong, when it is a
+/// request of the wrong shape or too deep to read with an id that can be answered:
+/// `request_shape.rs`; saying so for a batch). The transport alone answers all of these
+/// `415 Unsupported Media Type`, which tells a client its content type was wrong when it was
+/// not; with a JSON content type a 415 can only be that, so only then is the body looked at
+/// again (a call the transport reads pays nothing more than the body held for the while).
+/// A body of another content type is left to the transport.
 async fn unreadable_body_is_bad_request(
     State(state): State<AppState>,
     req: Request<Body>,
