@@ -13,11 +13,21 @@
 //! `execve`s the run's command, which replaces everything this process held: no memory of
 //! the fork server, the helper or another run survives the exec, and every fd above stderr
 //! closes with it. Nothing is shared between runs but the read-only root.
+//!
+//! Bash is started before its run ([`Prestart`]): most of a warm Bash call was bash's own
+//! exec, dynamic linking and start-up, paid after the hand-over. The slot's program execs
+//! bash at once, with `BASH_ENV` naming a pipe: bash reads that file before it opens its
+//! script, so it waits there. The run's init takes the hand-over instead of the program
+//! ([`feed`]): it writes the run's files, lowers bash's rlimits to the run's, says `started`
+//! and writes the start-up (the run's arguments, `SECONDS=0`, `unset BASH_ENV`), and closes
+//! the pipe; bash then runs the script as a cold bash would. A run bash was not started for
+//! (another entrypoint) gets a fresh program from init, which takes today's path.
 
 use std::fs::File;
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, RawFd};
 use std::path::Path;
+use std::sync::OnceLock;
 
 use gearbox_core::Limits;
 
@@ -25,14 +35,70 @@ use super::message::Msg;
 use super::program;
 
 use crate::fork_native::config::gb_config;
-use crate::fork_native::serve::{Handed, gb_serve_exec};
+use crate::fork_native::serve::{Fed, Feed, Feeder, Handed, gb_serve_exec};
 use crate::step::{AtStep, Step, StepError};
-use crate::wire::{FORK_SERVER_FD, read_handover};
+use crate::wire::{FORK_SERVER_FD, HandOver, read_handover};
+
+/// The command a slot's program is started with before its run, and the environment: every
+/// run of an exec fork server has the same (the pool's key holds it), and a run whose
+/// command starts with `argv` and whose environment is `env` is fed to it ([`feed`]).
+pub(super) struct Prestart {
+    /// The interpreter and the script, as the run's command starts.
+    argv: Vec<String>,
+    env: std::collections::BTreeMap<String, String>,
+    /// The slot's limits, which the run's lower.
+    slot: Limits,
+}
+
+/// Variables a bash reads as it starts, before `BASH_ENV`, or that change how it reads
+/// `BASH_ENV` or runs the start-up: a fork server whose runs set one starts no program early.
+const BASH_START_VARIABLES: [&str; 7] = [
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "POSIXLY_CORRECT",
+    "BASH_XTRACEFD",
+    "PS4",
+];
+
+impl Prestart {
+    /// What to start before each run of a fork server whose runs are `argv` (the
+    /// template's: no arguments) with `env`, if anything: Bash run as `bash SCRIPT`, with
+    /// none of [`BASH_START_VARIABLES`] and no exported function (which could stand in for
+    /// the start-up's builtins) in its environment.
+    pub(super) fn for_runs(
+        argv: &[String],
+        env: &[(String, String)],
+        slot: &Limits,
+    ) -> Option<Prestart> {
+        let [interpreter, script] = argv else {
+            return None;
+        };
+        let bash = Path::new(interpreter).file_name() == Some("bash".as_ref());
+        let plain = env.iter().all(|(k, _)| {
+            !BASH_START_VARIABLES.contains(&k.as_str()) && !k.starts_with("BASH_FUNC_")
+        });
+        (bash && plain && !script.starts_with('-') && !script.is_empty()).then(|| Prestart {
+            argv: argv.to_vec(),
+            env: env.iter().cloned().collect(),
+            slot: *slot,
+        })
+    }
+}
+
+/// This fork server's [`Prestart`], set before it serves.
+static PRESTART: OnceLock<Prestart> = OnceLock::new();
+
+/// In a run's init, the hand-over of a run its pre-started program was not started for, for
+/// the program forked to replace it ([`Fed::Replace`]); the files are written already.
+static HANDED_OVER: OnceLock<HandOver> = OnceLock::new();
 
 /// Serve slots on the control socket (fd 4) until it closes, in a fresh fork of init.
 /// Returns only if it could not start (init's status pipe is still open to say so); in a
-/// program, never returns (it execs or exits).
-pub(super) fn serve(limits: &Limits, nice: i32) -> std::io::Error {
+/// program, never returns (it execs or exits). With `prestart`, each slot's program starts
+/// it before its run.
+pub(super) fn serve(limits: &Limits, nice: i32, prestart: Option<Prestart>) -> std::io::Error {
     let last = std::io::Error::last_os_error;
     if let Err(e) = keep_fork_server_caps(false) {
         return e;
@@ -78,9 +144,15 @@ pub(super) fn serve(limits: &Limits, nice: i32) -> std::io::Error {
         libc::syscall(libc::SYS_close_range, 3u32, control - 1, 0u32);
         libc::syscall(libc::SYS_close_range, control + 1, u32::MAX, 0u32);
     }
+    let feeder = prestart.map(|p| {
+        let _ = PRESTART.set(p);
+        feed as Feeder
+    });
     let mut handed = Handed { chan: -1 };
-    // SAFETY: a valid config and out pointer; this process has one thread.
-    match unsafe { gb_serve_exec(config, &mut handed) } {
+    let mut start = -1;
+    // SAFETY: a valid config and out pointers; this process has one thread.
+    match unsafe { gb_serve_exec(config, &mut handed, feeder, &mut start) } {
+        0 if start >= 0 => prestarted(handed.chan, start),
         0 => program(handed.chan, limits),
         1 => {
             // SAFETY: the control socket closed: the server is done with this fork server.
@@ -114,13 +186,153 @@ fn program(chan: RawFd, slot: &Limits) -> ! {
     unsafe { libc::_exit(127) }
 }
 
-/// Read the hand-over, write the run's files, lower the rlimits to the run's (never above
-/// the slot's), and build the command to exec.
+/// A slot's program started before its run: exec the [`Prestart`] command, which waits for
+/// its start-up on `start` (the read end of the pipe its init feeds, [`feed`]).
+fn prestarted(chan: RawFd, start: RawFd) -> ! {
+    let Some(p) = PRESTART.get() else {
+        // SAFETY: ends this process.
+        unsafe { libc::_exit(127) }
+    };
+    let bash_env = format!("/proc/self/fd/{start}");
+    let env = p.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let command = program::command(&p.argv, env.chain([("BASH_ENV", bash_env.as_str())]));
+    let (path, argv, envp) = match command {
+        Ok(c) => c,
+        Err(e) => {
+            failed(chan, e);
+            // SAFETY: ends this process.
+            unsafe { libc::_exit(127) }
+        }
+    };
+    // Everything above stderr closes at exec but the start-up pipe, which the start-up
+    // closes in bash.
+    program::close_on_exec_from(3);
+    // SAFETY: fcntl on an fd of this process.
+    if unsafe { libc::fcntl(start, libc::F_SETFD, 0) } != 0 {
+        failed(
+            chan,
+            StepError::new(Step::Execve, std::io::Error::last_os_error().to_string()),
+        );
+        // SAFETY: ends this process.
+        unsafe { libc::_exit(127) }
+    }
+    failed(chan, program::execve(&path, &argv, &envp));
+    // SAFETY: ends this process.
+    unsafe { libc::_exit(127) }
+}
+
+/// In a run's init: take the hand-over for the program started before it ([`prestarted`]),
+/// which waits on the start-up pipe. Writes the run's files, and, for a run the program was
+/// started for, lowers its rlimits, says `started` and writes its start-up. A run it was not
+/// started for (another entrypoint, an argument bash could not take) is kept for the
+/// program init forks in its place ([`Fed::Replace`]), as is a run whose program is gone.
+fn feed(f: &Feed) -> Fed {
+    let Some(p) = PRESTART.get() else {
+        return Fed::Failed;
+    };
+    let fail = |e: StepError| {
+        failed(f.chan, e);
+        Fed::Failed
+    };
+    // SAFETY: the run's stdin pipe, which init keeps open (ManuallyDrop) for the program.
+    let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(f.stdin) });
+    let (handover, files) = match read_handover(&mut *stdin).step(Step::ReadHandOver) {
+        Ok(h) => h,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = super::mount::write_files(Path::new("/work"), &handover.files, &files) {
+        return fail(e);
+    }
+    drop(files);
+    let args = handover.argv.get(p.argv.len()..).unwrap_or_default();
+    let started_for = handover.argv.starts_with(&p.argv)
+        && handover.env == p.env
+        && args.iter().all(|a| !a.contains('\0'));
+    // SAFETY: waits for this init's child without blocking, writing the status on this frame.
+    let gone = unsafe { libc::waitpid(f.program, &mut 0, libc::WNOHANG) } == f.program;
+    if !started_for || gone {
+        let _ = HANDED_OVER.set(handover);
+        return Fed::Replace;
+    }
+    for (resource, name, soft, hard) in rlimits(&p.slot, &handover) {
+        let limit = libc::rlimit64 {
+            rlim_cur: soft,
+            rlim_max: hard,
+        };
+        // SAFETY: sets a limit of this init's child from a structure on this frame.
+        if unsafe { libc::prlimit64(f.program, resource, &limit, std::ptr::null_mut()) } != 0 {
+            return fail(StepError::new(
+                Step::Rlimit(name),
+                std::io::Error::last_os_error().to_string(),
+            ));
+        }
+    }
+    let script = start_up(&p.argv[0], args, f.start_fd);
+    send(f.chan, br#"{"t":"started"}"#);
+    // A program that died since does not kill its init by the write (SIGPIPE): the write
+    // fails, and init reports how the program ended.
+    // SAFETY: signal dispositions of this process, set back at once.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    // SAFETY: the write end of the start-up pipe, open in init until it returns.
+    let mut pipe = ManuallyDrop::new(unsafe { File::from_raw_fd(f.start) });
+    let _ = std::io::Write::write_all(&mut *pipe, script.as_bytes());
+    // SAFETY: as above.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    Fed::Started
+}
+
+/// What bash runs before its script: the start-up pipe's variable and descriptor gone, the
+/// run's arguments, `SECONDS` counting from now, and `$_` as a cold bash starts with it
+/// (the path it was run by).
+fn start_up(interpreter: &str, args: &[String], fd: RawFd) -> String {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut script = format!("unset BASH_ENV; exec {fd}<&-; set --");
+    for a in args {
+        script.push(' ');
+        script.push_str(&quote(a));
+    }
+    script.push_str(&format!("; SECONDS=0; : {}\n", quote(interpreter)));
+    script
+}
+
+/// Read the hand-over (or take the one init read, [`HANDED_OVER`]), write the run's files,
+/// lower the rlimits to the run's (never above the slot's), and build the command to exec.
 fn prepare(slot: &Limits) -> Result<program::Command, StepError> {
-    // SAFETY: fd 0 is the run's stdin pipe; ManuallyDrop keeps it open for the program.
-    let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
-    let (handover, files) = read_handover(&mut *stdin).step(Step::ReadHandOver)?;
-    super::mount::write_files(Path::new("/work"), &handover.files, &files)?;
+    let read;
+    let handover = match HANDED_OVER.get() {
+        Some(h) => h,
+        None => {
+            // SAFETY: fd 0 is the run's stdin pipe; ManuallyDrop keeps it open for the
+            // program.
+            let mut stdin = ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+            let files;
+            (read, files) = read_handover(&mut *stdin).step(Step::ReadHandOver)?;
+            super::mount::write_files(Path::new("/work"), &read.files, &files)?;
+            &read
+        }
+    };
+    for (resource, name, soft, hard) in rlimits(slot, handover) {
+        let limit = libc::rlimit64 {
+            rlim_cur: soft,
+            rlim_max: hard,
+        };
+        // SAFETY: sets a limit of this process from a structure on this frame.
+        if unsafe { libc::prlimit64(0, resource, &limit, std::ptr::null_mut()) } != 0 {
+            return Err(std::io::Error::last_os_error()).step(Step::Rlimit(name));
+        }
+    }
+    program::command(
+        &handover.argv,
+        handover.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    )
+}
+
+/// The rlimits a run lowers at hand-over (never above the slot's): file size, open files,
+/// CPU time, as (resource, name, soft, hard).
+fn rlimits(
+    slot: &Limits,
+    handover: &HandOver,
+) -> [(libc::__rlimit_resource_t, &'static str, u64, u64); 3] {
     let run = handover.limits.unwrap_or(*slot);
     let mib = 1024 * 1024;
     let fsize = slot.file_size_mb.min(run.file_size_mb) * mib;
@@ -128,14 +340,11 @@ fn prepare(slot: &Limits) -> Result<program::Command, StepError> {
     let cpu_s = slot
         .cpu_rlimit_secs()
         .min(handover.cpu_s.unwrap_or(u64::MAX));
-    use nix::sys::resource::{Resource, setrlimit};
-    setrlimit(Resource::RLIMIT_FSIZE, fsize, fsize).step(Step::Rlimit("fsize"))?;
-    setrlimit(Resource::RLIMIT_NOFILE, nofile, nofile).step(Step::Rlimit("nofile"))?;
-    setrlimit(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1).step(Step::Rlimit("cpu"))?;
-    program::command(
-        &handover.argv,
-        handover.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-    )
+    [
+        (libc::RLIMIT_FSIZE, "fsize", fsize, fsize),
+        (libc::RLIMIT_NOFILE, "nofile", nofile, nofile),
+        (libc::RLIMIT_CPU, "cpu", cpu_s, cpu_s + 1),
+    ]
 }
 
 /// Tell the server a step failed (the message the cold path's program sends, shortened to

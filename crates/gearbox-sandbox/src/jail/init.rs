@@ -301,7 +301,11 @@ fn start_fork_server(
     match unsafe { fork() }.step(Step::ForkForkServer)? {
         ForkResult::Child => {
             let err = match &command {
-                None => super::exec_zygote::serve(&spec.limits, BUILD_NICE),
+                None => {
+                    let prestart =
+                        super::exec_zygote::Prestart::for_runs(&spec.argv, env, &spec.limits);
+                    super::exec_zygote::serve(&spec.limits, BUILD_NICE, prestart)
+                }
                 Some((path, argv, envp)) => exec_fork_server(path, argv, envp),
             };
             fail(st_w, StepError::new(Step::StartForkServer, err.to_string()));

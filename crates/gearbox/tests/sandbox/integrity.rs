@@ -803,3 +803,58 @@ async fn init_is_out_of_a_programs_reach_on_every_path() {
         assert_eq!(out, want, "{language}");
     }
 }
+
+/// A warm Bash program starts as a cold one does. Where the exec fork server serves Bash,
+/// its program is bash started before the run and fed the run's arguments through
+/// `BASH_ENV` (`jail/exec_zygote.rs`): the variables, options, limits, descriptors, stdin
+/// and `$0 $_ $@` it starts with are the cold path's. What differs is left out of the
+/// comparison, as docs/PERFORMANCE.md says: bash's argument stack for debuggers
+/// (`BASH_ARGC`, `BASH_ARGV`: the script's arguments cold, none warm), its initial
+/// environment in `/proc` (which names `BASH_ENV`: the proof that the pre-started path was
+/// taken), and, on every fork server's path, `ulimit -u` (the run's own user namespace and
+/// its cgroup's pids limit hold the processes there). A run bash was not started for
+/// (another entrypoint) is served by a program forked in its place, as a cold one.
+#[tokio::test]
+async fn a_warm_bash_program_starts_as_a_cold_one_does() {
+    let probe = r#"echo "$# [$*] $0 $_ $SHLVL $SECONDS ${BASH_ENV-unset} $- $PWD $BASH_SOURCE"
+ls /proc/$$/fd > /tmp/fds; echo $(cat /tmp/fds)
+declare -p | grep -vE '^declare -[-a-zA-Z]+ (BASHPID|BASH_ARGC|BASH_ARGV|RANDOM|SRANDOM|EPOCHSECONDS|EPOCHREALTIME|SECONDS|BASH_COMMAND|_)='
+set -o; shopt; ulimit -a | grep -v '^max user processes'; env | sort; trap -p; alias
+echo "stdin: $(cat) $(cat data.txt)"; umask; stat -c '%n %a %u %g %s' . "$0" data.txt
+echo "pre-started: $(tr '\0' '\n' < /proc/$$/environ | grep -c ^BASH_ENV=)"
+"#;
+    let mut cold = None;
+    for (path, engine) in paths("bash") {
+        let r = run("bash", probe)
+            .args(&["x y", "it's", "", "a\n$(id)`id`'\\"])
+            .stdin("in")
+            .file("data.txt", "d");
+        let mut other = r.clone();
+        other.req.entrypoint = Some("other.sh".into());
+        let o = on(&path, &engine, r).await;
+        assert_eq!(o.status, Status::Ok, "bash on {path}: {o:?}");
+        let (out, marker) = o
+            .stdout
+            .split_at(o.stdout.rfind("pre-started").expect("marker"));
+        let Some(want) = &cold else {
+            let head = "4 [x y it's  a\n$(id)`id`'\\] main.sh /usr/bin/bash 1 0 unset hB /work main.sh\n0 1 2 255\n";
+            assert!(out.starts_with(head), "{out}");
+            assert_eq!(marker, "pre-started: 0\n", "cold");
+            cold = Some(out.to_string());
+            continue;
+        };
+        for (a, b) in out.lines().zip(want.lines()) {
+            assert_eq!(a, b, "{path} against cold");
+        }
+        assert_eq!(out, want, "{path} against cold");
+        let prestarted = if path == "bash-fork" { 1 } else { 0 };
+        assert_eq!(marker, format!("pre-started: {prestarted}\n"), "{path}");
+        let o = on(&path, &engine, other).await;
+        assert_eq!(o.status, Status::Ok, "bash on {path}, other.sh: {o:?}");
+        assert_eq!(
+            o.stdout.replace("other.sh", "main.sh"),
+            format!("{want}pre-started: 0\n"),
+            "{path}, other.sh"
+        );
+    }
+}

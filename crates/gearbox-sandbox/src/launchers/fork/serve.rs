@@ -41,24 +41,69 @@ pub(crate) fn set_name(name: *const c_char) {
 /// has one thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gb_serve(config: *const Config, out: *mut Handed) -> c_int {
+    let mut start = -1;
     // SAFETY: the caller's promise, passed on.
-    unsafe { serve(config, out, true) }
+    unsafe { serve(config, out, true, None, &mut start) }
 }
 
 /// [`gb_serve`] for the exec fork server (`jail/exec_zygote.rs`): its programs get no
 /// keeper ([`start_keeper`]), since one would keep the fork server's own memory image, which
-/// the program's `execve` drops, where the program could read it.
+/// the program's `execve` drops, where the program could read it. With a `feeder`, each
+/// run's init takes the hand-over itself (see [`Feed`]), and `start` gets, in the program,
+/// the read end of the pipe its start-up comes through.
 ///
 /// # Safety
-/// As [`gb_serve`].
+/// As [`gb_serve`]; `start` points to a valid int.
 #[allow(dead_code, reason = "the gearbox binary's, not the shared object's")]
-pub(crate) unsafe fn gb_serve_exec(config: *const Config, out: *mut Handed) -> c_int {
+pub(crate) unsafe fn gb_serve_exec(
+    config: *const Config,
+    out: *mut Handed,
+    feeder: Option<Feeder>,
+    start: *mut c_int,
+) -> c_int {
     // SAFETY: the caller's promise, passed on.
-    unsafe { serve(config, out, false) }
+    unsafe { serve(config, out, false, feeder, start) }
 }
 
-/// The loop of [`gb_serve`]; `keeper`: whether each program starts its keeper.
-unsafe fn serve(config: *const Config, out: *mut Handed, keeper: bool) -> c_int {
+/// What a run's init hands its [`Feeder`]: the slot's control socket, the run's stdin (the
+/// hand-over comes first on it), the write end of the program's start-up pipe and the fd
+/// number the program reads it as, and the program's pid. The program was started before the hand-over and waits on that pipe (the
+/// exec fork server's pre-started Bash: `jail/exec_zygote.rs`).
+#[allow(dead_code, reason = "the gearbox binary's, not the shared object's")]
+pub(crate) struct Feed {
+    pub(crate) chan: c_int,
+    pub(crate) stdin: c_int,
+    pub(crate) start: c_int,
+    pub(crate) start_fd: c_int,
+    pub(crate) program: c_int,
+}
+
+/// How a [`Feeder`] left the run.
+#[allow(dead_code, reason = "the gearbox binary's, not the shared object's")]
+pub(crate) enum Fed {
+    /// The run's start-up is written and `started` sent: init closes the pipe, and the
+    /// program runs.
+    Started,
+    /// The run is not the one the program was started for: init kills the program and forks
+    /// a fresh one, which returns from [`gb_serve_exec`] with no start-up pipe and takes the
+    /// hand-over the feeder kept.
+    Replace,
+    /// A step failed, and the feeder said so: init kills the program and reports.
+    Failed,
+}
+
+/// Takes a run's hand-over in its init (see [`Feed`]).
+pub(crate) type Feeder = fn(&Feed) -> Fed;
+
+/// The loop of [`gb_serve`]; `keeper`: whether each program starts its keeper; `feeder` and
+/// `start`: see [`gb_serve_exec`].
+unsafe fn serve(
+    config: *const Config,
+    out: *mut Handed,
+    keeper: bool,
+    feeder: Option<Feeder>,
+    start: *mut c_int,
+) -> c_int {
     // SAFETY: the caller passes a valid config.
     let config = unsafe { &*config };
     // The part of the seccomp policy that neither this loop nor a run's init calls: installed
@@ -116,16 +161,19 @@ unsafe fn serve(config: *const Config, out: *mut Handed, keeper: bool) -> c_int 
             )
         };
         if pid == 0 {
-            // SAFETY: `out` is valid; init returns only in the program.
+            let (handed, pipe) = init(
+                config,
+                &openssl,
+                [fds[0], fds[1], fds[2], fds[3]],
+                ids,
+                keeper,
+                feeder,
+            );
+            // SAFETY: `out` and `start` are valid; init returns only in the program.
             unsafe {
-                *out = init(
-                    config,
-                    &openssl,
-                    [fds[0], fds[1], fds[2], fds[3]],
-                    ids,
-                    keeper,
-                )
-            };
+                *out = handed;
+                *start = pipe;
+            }
             return 0;
         }
         if pid < 0 {
@@ -184,14 +232,16 @@ fn close_all(fds: &[c_int]) {
     }
 }
 
-/// Pid 1 of a run. Returns only in the program.
+/// Pid 1 of a run. Returns only in the program, with the read end of its start-up pipe
+/// (-1 without a `feeder`, or in a program forked to replace a pre-started one).
 fn init(
     config: &Config,
     openssl: &OpenSsl,
     fds: [c_int; 4],
     (uid, gid): (u32, u32),
     keeper: bool,
-) -> Handed {
+    feeder: Option<Feeder>,
+) -> (Handed, c_int) {
     let [chan, stdin, stdout, stderr] = fds;
     set_name(c"gb-init".as_ptr());
     // SAFETY: plain fd and signal calls on this process.
@@ -231,20 +281,56 @@ fn init(
     if unsafe { prctl(PR_SET_DUMPABLE, 0 as c_ulong) } != 0 {
         init_failed(chan, Fail::new("make init undumpable", errno()));
     }
-    // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
-    let child = unsafe { fork() };
-    if child == 0 {
-        // SAFETY: prctl takes integers.
-        if unsafe { prctl(PR_SET_DUMPABLE, 1 as c_ulong) } != 0 {
-            init_failed(chan, Fail::new("make the program dumpable", errno()));
+    // The pipe a pre-started program reads its start-up from (see [`Feed`]).
+    let mut pipe = [-1 as c_int; 2];
+    // SAFETY: pipe2 writes two fds into the array on this frame.
+    if feeder.is_some() && unsafe { pipe2(pipe.as_mut_ptr(), O_CLOEXEC) } != 0 {
+        init_failed(chan, Fail::new("start-up pipe", errno()));
+    }
+    let [start_r, start_w] = pipe;
+    let stdio = [chan, stdin, stdout, stderr];
+    let mut child = match fork_program(config, openssl, stdio, keeper, start_w) {
+        Ok(child) => child,
+        Err(handed) => return (handed, start_r),
+    };
+    if let Some(feed) = feeder {
+        // Stdin, stdout and stderr stay open here for a replacement program.
+        close_all(&[start_r]);
+        send_str(chan, "{\"t\":\"ready\"}");
+        let fed = feed(&Feed {
+            chan,
+            stdin,
+            start: start_w,
+            start_fd: start_r,
+            program: child,
+        });
+        // The end of the start-up: the program runs from here (or reads end-of-file and
+        // exits, if the feeder failed).
+        close_all(&[start_w]);
+        match fed {
+            Fed::Started => {}
+            Fed::Failed => {
+                // SAFETY: signals this run's program.
+                unsafe { kill(child, SIGKILL) };
+            }
+            Fed::Replace => {
+                // SAFETY: signals and reaps this run's program, writing the status on this
+                // frame.
+                unsafe {
+                    kill(child, SIGKILL);
+                    waitpid(child, &mut 0, 0);
+                }
+                child = match fork_program(config, openssl, stdio, keeper, -1) {
+                    Ok(child) => child,
+                    Err(handed) => return (handed, -1),
+                };
+            }
         }
-        return program(config, openssl, [chan, stdin, stdout, stderr], keeper);
+        close_all(&[stdin, stdout, stderr]);
+    } else {
+        close_all(&[stdin, stdout, stderr]);
+        send_str(chan, "{\"t\":\"ready\"}");
     }
-    if child < 0 {
-        init_failed(chan, Fail::new("fork program", errno()));
-    }
-    close_all(&[stdin, stdout, stderr]);
-    send_str(chan, "{\"t\":\"ready\"}");
     let mut buf = Buf::new();
     let _ = write!(buf, "{{\"t\":\"exited\",");
     let mut status: c_int = 0;
@@ -307,6 +393,32 @@ fn init(
     unsafe { kill(-1, SIGKILL) };
     // SAFETY: ends this process.
     unsafe { _exit(0) }
+}
+
+/// Fork the run's program: `Ok(pid)` in init, `Err` with what the program gets in the
+/// program (which closes `start_w`, the write end of its start-up pipe, if there is one).
+fn fork_program(
+    config: &Config,
+    openssl: &OpenSsl,
+    stdio: [c_int; 4],
+    keeper: bool,
+    start_w: c_int,
+) -> Result<c_int, Handed> {
+    let chan = stdio[0];
+    // SAFETY: this process has one thread; glibc's fork sets the child's thread id.
+    let child = unsafe { fork() };
+    if child == 0 {
+        // SAFETY: prctl takes integers.
+        if unsafe { prctl(PR_SET_DUMPABLE, 1 as c_ulong) } != 0 {
+            init_failed(chan, Fail::new("make the program dumpable", errno()));
+        }
+        close_all(&[start_w]);
+        return Err(program(config, openssl, stdio, keeper));
+    }
+    if child < 0 {
+        init_failed(chan, Fail::new("fork program", errno()));
+    }
+    Ok(child)
 }
 
 /// Kill every process of this pid namespace but this one and those with no open descriptor

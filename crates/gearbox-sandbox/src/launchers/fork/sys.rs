@@ -18,6 +18,7 @@ unsafe extern "C" {
     pub(crate) fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize;
     pub(crate) fn close(fd: c_int) -> c_int;
     pub(crate) fn fork() -> c_int;
+    pub(crate) fn pipe2(fds: *mut c_int, flags: c_int) -> c_int;
     pub(crate) fn unshare(flags: c_int) -> c_int;
     pub(crate) fn mount(
         src: *const c_char,
