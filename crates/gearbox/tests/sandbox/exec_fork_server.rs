@@ -258,6 +258,36 @@ async fn bash_forked_program_is_held_to_its_limits() {
     assert_eq!(o.stdout, "next\n", "{o:?}");
 }
 
+/// A hand-over larger than a pipe holds (a 2 MiB file, 3 MiB of stdin) reaches a pre-started
+/// bash whole: its init reads the hand-over's bytes and no more, so the run's stdin starts
+/// where it should, and the run's lower CPU and file-size limits reach bash by `prlimit`.
+#[tokio::test]
+async fn bash_forked_program_takes_a_large_hand_over_and_its_runs_limits() {
+    let Some(engine) = bash_engine(1) else {
+        return;
+    };
+    let file = "f".repeat(2 << 20);
+    let stdin = format!("first line\n{}", "s".repeat(3 << 20));
+    let o = forked(
+        &engine,
+        sh("read -r first; echo \"$first $(wc -c < big.txt) $(wc -c) $(ulimit -t) $(ulimit -f)\"")
+            .file("big.txt", &file)
+            .stdin(&stdin)
+            .limits(LimitOverrides {
+                cpu_ms: Some(3000),
+                file_size_mb: Some(2),
+                ..LimitOverrides::default()
+            }),
+    )
+    .await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(
+        o.stdout,
+        format!("first line {} {} 3 2048\n", 2 << 20, 3 << 20),
+        "{o:?}"
+    );
+}
+
 /// Killing everything it can see harms only itself; the fork server keeps serving.
 #[tokio::test]
 async fn bash_forked_program_killing_all_it_sees_harms_only_itself() {
