@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the sandbox test binary as `nobody`: the Linux backend must isolate without root
 # (user namespaces, no cgroups, rlimits instead). The binaries are copied to a directory
-# nobody can read, since the build directory usually is not.
+# nobody can read, since the build directory usually is not. With GEARBOX_TEST_POOL=1, every
+# default-limits run goes through a helper-built warm sandbox (no fork servers without root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$(cargo test --workspace --test sandbox --no-run --locked --message-format=json 2>/dev/null \
@@ -22,5 +23,5 @@ chmod 755 "$dir" "$dir/sandbox-tests" "$dir/gearbox" "$dir/gearbox-jail"
 chmod 1777 "$dir/tmp"
 cd "$dir"
 setpriv --reuid=65534 --regid=65534 --clear-groups \
-    env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$dir/tmp" TMPDIR="$dir/tmp" \
+    env -i ${GEARBOX_TEST_POOL:+GEARBOX_TEST_POOL=1} PATH=/usr/local/bin:/usr/bin:/bin HOME="$dir/tmp" TMPDIR="$dir/tmp" \
     GEARBOX_BIN="$dir/gearbox" GEARBOX_EXPECT_STATIC_HELPER=1 ./sandbox-tests --test-threads=2

@@ -56,6 +56,9 @@ GEARBOX_TEST_POOL=1 GEARBOX_BIN="$static_dir/gearbox" GEARBOX_EXPECT_STATIC_HELP
 if [ "$(id -u)" -eq 0 ]; then
     echo "== sandbox suite as an unprivileged user"
     bash scripts/test-unprivileged.sh
+    echo "== sandbox suite as an unprivileged user, every default-limits run through a helper-built"
+    echo "   warm sandbox"
+    GEARBOX_TEST_POOL=1 bash scripts/test-unprivileged.sh
 fi
 
 echo "== end-to-end: official MCP Python SDK over stdio"

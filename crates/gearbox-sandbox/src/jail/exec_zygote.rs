@@ -14,14 +14,11 @@
 //! the fork server, the helper or another run survives the exec, and every fd above stderr
 //! closes with it. Nothing is shared between runs but the read-only root.
 //!
-//! Bash is started before its run ([`Prestart`]): most of a warm Bash call was bash's own
-//! exec, dynamic linking and start-up, paid after the hand-over. The slot's program execs
-//! bash at once, with `BASH_ENV` naming a pipe: bash reads that file before it opens its
-//! script, so it waits there. The run's init takes the hand-over instead of the program
-//! ([`feed`]): it writes the run's files, lowers bash's rlimits to the run's, says `started`
-//! and writes the start-up (the run's arguments, `SECONDS=0`, `unset BASH_ENV`), and closes
-//! the pipe; bash then runs the script as a cold bash would. A run bash was not started for
-//! (another entrypoint) gets a fresh program from init, which takes today's path.
+//! Bash is started before its run (`prestart.rs`): the slot's program execs bash at once
+//! ([`prestarted`]), and the run's init takes the hand-over instead of the program ([`feed`]):
+//! it writes the run's files, lowers bash's rlimits to the run's, says `started`, writes the
+//! start-up and closes the pipe. A run bash was not started for gets a fresh program from
+//! init, which reads nothing more and execs the run's command as above.
 
 use std::fs::File;
 use std::mem::ManuallyDrop;
@@ -32,60 +29,13 @@ use std::sync::OnceLock;
 use gearbox_core::Limits;
 
 use super::message::Msg;
+use super::prestart::Prestart;
 use super::program;
 
 use crate::fork_native::config::gb_config;
 use crate::fork_native::serve::{Fed, Feed, Feeder, Handed, gb_serve_exec};
 use crate::step::{AtStep, Step, StepError};
 use crate::wire::{FORK_SERVER_FD, HandOver, read_handover};
-
-/// The command a slot's program is started with before its run, and the environment: every
-/// run of an exec fork server has the same (the pool's key holds it), and a run whose
-/// command starts with `argv` and whose environment is `env` is fed to it ([`feed`]).
-pub(super) struct Prestart {
-    /// The interpreter and the script, as the run's command starts.
-    argv: Vec<String>,
-    env: std::collections::BTreeMap<String, String>,
-    /// The slot's limits, which the run's lower.
-    slot: Limits,
-}
-
-/// Variables a bash reads as it starts, before `BASH_ENV`, or that change how it reads
-/// `BASH_ENV` or runs the start-up: a fork server whose runs set one starts no program early.
-const BASH_START_VARIABLES: [&str; 7] = [
-    "BASH_ENV",
-    "ENV",
-    "SHELLOPTS",
-    "BASHOPTS",
-    "POSIXLY_CORRECT",
-    "BASH_XTRACEFD",
-    "PS4",
-];
-
-impl Prestart {
-    /// What to start before each run of a fork server whose runs are `argv` (the
-    /// template's: no arguments) with `env`, if anything: Bash run as `bash SCRIPT`, with
-    /// none of [`BASH_START_VARIABLES`] and no exported function (which could stand in for
-    /// the start-up's builtins) in its environment.
-    pub(super) fn for_runs(
-        argv: &[String],
-        env: &[(String, String)],
-        slot: &Limits,
-    ) -> Option<Prestart> {
-        let [interpreter, script] = argv else {
-            return None;
-        };
-        let bash = Path::new(interpreter).file_name() == Some("bash".as_ref());
-        let plain = env.iter().all(|(k, _)| {
-            !BASH_START_VARIABLES.contains(&k.as_str()) && !k.starts_with("BASH_FUNC_")
-        });
-        (bash && plain && !script.starts_with('-') && !script.is_empty()).then(|| Prestart {
-            argv: argv.to_vec(),
-            env: env.iter().cloned().collect(),
-            slot: *slot,
-        })
-    }
-}
 
 /// This fork server's [`Prestart`], set before it serves.
 static PRESTART: OnceLock<Prestart> = OnceLock::new();
@@ -193,10 +143,9 @@ fn prestarted(chan: RawFd, start: RawFd) -> ! {
         // SAFETY: ends this process.
         unsafe { libc::_exit(127) }
     };
-    let bash_env = format!("/proc/self/fd/{start}");
-    let env = p.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    let command = program::command(&p.argv, env.chain([("BASH_ENV", bash_env.as_str())]));
-    let (path, argv, envp) = match command {
+    let (argv, env) = p.command(start);
+    let env = env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let (path, argv, envp) = match program::command(argv, env) {
         Ok(c) => c,
         Err(e) => {
             failed(chan, e);
@@ -244,16 +193,15 @@ fn feed(f: &Feed) -> Fed {
         return fail(e);
     }
     drop(files);
-    let args = handover.argv.get(p.argv.len()..).unwrap_or_default();
-    let started_for = handover.argv.starts_with(&p.argv)
-        && handover.env == p.env
-        && args.iter().all(|a| !a.contains('\0'));
     // SAFETY: waits for this init's child without blocking, writing the status on this frame.
     let gone = unsafe { libc::waitpid(f.program, &mut 0, libc::WNOHANG) } == f.program;
-    if !started_for || gone {
-        let _ = HANDED_OVER.set(handover);
-        return Fed::Replace;
-    }
+    let args = match p.args_of(&handover, &handover.env) {
+        Some(args) if !gone => args.to_vec(),
+        _ => {
+            let _ = HANDED_OVER.set(handover);
+            return Fed::Replace;
+        }
+    };
     for (resource, name, soft, hard) in rlimits(&p.slot, &handover) {
         let limit = libc::rlimit64 {
             rlim_cur: soft,
@@ -267,7 +215,7 @@ fn feed(f: &Feed) -> Fed {
             ));
         }
     }
-    let script = start_up(&p.argv[0], args, f.start_fd);
+    let script = p.start_up(&args, f.start_fd);
     send(f.chan, br#"{"t":"started"}"#);
     // A program that died since does not kill its init by the write (SIGPIPE): the write
     // fails, and init reports how the program ended.
@@ -279,20 +227,6 @@ fn feed(f: &Feed) -> Fed {
     // SAFETY: as above.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     Fed::Started
-}
-
-/// What bash runs before its script: the start-up pipe's variable and descriptor gone, the
-/// run's arguments, `SECONDS` counting from now, and `$_` as a cold bash starts with it
-/// (the path it was run by).
-fn start_up(interpreter: &str, args: &[String], fd: RawFd) -> String {
-    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
-    let mut script = format!("unset BASH_ENV; exec {fd}<&-; set --");
-    for a in args {
-        script.push(' ');
-        script.push_str(&quote(a));
-    }
-    script.push_str(&format!("; SECONDS=0; : {}\n", quote(interpreter)));
-    script
 }
 
 /// Read the hand-over (or take the one init read, [`HANDED_OVER`]), write the run's files,

@@ -11,6 +11,7 @@ use nix::sys::wait::WaitStatus;
 use seccompiler::BpfProgram;
 
 use super::message::{GO_BUILD, GO_RUN_CGROUP, GO_RUN_RLIMITS, Msg};
+use super::prestart::Prestart;
 use super::{SANDBOX_ID, mount, program};
 use crate::step::{AtStep, Step, StepError};
 use crate::wire::{JailSpec, Pooled, read_handover};
@@ -224,6 +225,28 @@ fn start_pooled(
         }
         None => None,
     };
+    // Bash started before its run (`prestart.rs`), reading its start-up from fd 3. Not for
+    // granted runs: their proxy's variables differ per run.
+    let prestarted = match (&pool.launcher, &spec.egress) {
+        (None, None) => Prestart::for_runs(&spec.argv, env, &spec.limits)
+            .map(|p| {
+                let (start_r, start_w) =
+                    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateJobPipe)?;
+                let (argv, env) = p.command(3);
+                let child = fork_program(
+                    argv,
+                    &env,
+                    &spec.limits,
+                    filters,
+                    have_cgroup,
+                    st_w,
+                    Some(&start_r),
+                )?;
+                Ok::<_, StepError>((p, child, start_w))
+            })
+            .transpose()?,
+        _ => None,
+    };
     Msg::Ready {
         root_us: t0.elapsed().as_micros() as u64,
     }
@@ -256,6 +279,23 @@ fn start_pooled(
             Ok(child)
         }
         None => {
+            if let Some((p, child, start_w)) = prestarted {
+                let vars = env.iter().cloned().collect();
+                if let Some(args) = p.args_of(&handover, &vars) {
+                    Msg::Started {
+                        init_us: handed.elapsed().as_micros() as u64,
+                    }
+                    .send(st_w);
+                    // A bash that died since fails the write (this process ignores
+                    // SIGPIPE: the helper is a Rust program), and its exit is reported.
+                    let mut pipe = std::fs::File::from(start_w);
+                    let _ = std::io::Write::write_all(&mut pipe, p.start_up(args, 3).as_bytes());
+                    return Ok(child);
+                }
+                // Not the run bash was started for: a fresh program takes it.
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                let _ = waitpid(child, None);
+            }
             let child = fork_program(
                 &handover.argv,
                 &env,
@@ -302,8 +342,7 @@ fn start_fork_server(
         ForkResult::Child => {
             let err = match &command {
                 None => {
-                    let prestart =
-                        super::exec_zygote::Prestart::for_runs(&spec.argv, env, &spec.limits);
+                    let prestart = Prestart::for_runs(&spec.argv, env, &spec.limits);
                     super::exec_zygote::serve(&spec.limits, BUILD_NICE, prestart)
                 }
                 Some((path, argv, envp)) => exec_fork_server(path, argv, envp),

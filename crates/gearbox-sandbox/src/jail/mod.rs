@@ -21,6 +21,7 @@ mod linux;
 mod memwatch;
 mod message;
 mod mount;
+mod prestart;
 mod process;
 mod program;
 mod relay;
