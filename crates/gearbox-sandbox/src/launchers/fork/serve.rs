@@ -67,8 +67,9 @@ pub(crate) unsafe fn gb_serve_exec(
 
 /// What a run's init hands its [`Feeder`]: the slot's control socket, the run's stdin (the
 /// hand-over comes first on it), the write end of the program's start-up pipe and the fd
-/// number the program reads it as, and the program's pid. The program was started before the hand-over and waits on that pipe (the
-/// exec fork server's pre-started Bash: `jail/exec_zygote.rs`).
+/// number the program reads it as, and the program's pid. The program was started before
+/// the hand-over and waits on that pipe (the exec fork server's pre-started Bash:
+/// `jail/prestart.rs`).
 #[allow(dead_code, reason = "the gearbox binary's, not the shared object's")]
 pub(crate) struct Feed {
     pub(crate) chan: c_int,
