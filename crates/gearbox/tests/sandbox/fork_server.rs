@@ -726,12 +726,14 @@ async fn node_forked_leftovers_without_descriptors_die_after_the_answer() {
     let Some(engine) = node_engine(1) else {
         return;
     };
-    // `done` once the leftover runs with no descriptor (init's scan must find it so).
+    // `done` once the leftover runs with no descriptor (init's scan must find it so). The
+    // leftover is `sleep` itself: `setsid`, run by a process group leader, forks it and exits,
+    // and was seen, fd-less, for that moment (a flaky pass once).
     let code = "const fs = require('fs');\nconst { spawn } = require('child_process');\n\
                 spawn('sh', ['-c', 'exec setsid sleep 37.4159 0<&- 1>&- 2>&-'], \
                 { stdio: 'ignore', detached: true }).unref();\n\
                 const fdless = () => fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)).some((p) => { try { \
-                return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1').includes('37.4159') \
+                return fs.readFileSync(`/proc/${p}/cmdline`, 'latin1') === 'sleep\\x0037.4159\\x00' \
                 && fs.readdirSync(`/proc/${p}/fd`).length === 0; } catch { return false; } });\n\
                 const t = Date.now();\nwhile (!fdless() && Date.now() - t < 5000) \
                 Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);\n\
