@@ -424,7 +424,10 @@ async def concurrency_and_cancel(gearbox: str) -> None:
         task = asyncio.create_task(
             s.call_tool(
                 "execute_code",
-                {"language": "bash", "code": "sleep 60", "args": [marker]},
+                # The marker in the command line of the run's own process (`exec -a`): a
+                # warm bash's command line is the one it was started with, before the
+                # run's arguments were known (docs/PERFORMANCE.md).
+                {"language": "bash", "code": f"exec -a {marker} sleep 60"},
                 progress_callback=on_progress,
             )
         )
