@@ -202,18 +202,8 @@ fn feed(f: &Feed) -> Fed {
             return Fed::Replace;
         }
     };
-    for (resource, name, soft, hard) in rlimits(&p.slot, &handover) {
-        let limit = libc::rlimit64 {
-            rlim_cur: soft,
-            rlim_max: hard,
-        };
-        // SAFETY: sets a limit of this init's child from a structure on this frame.
-        if unsafe { libc::prlimit64(f.program, resource, &limit, std::ptr::null_mut()) } != 0 {
-            return fail(StepError::new(
-                Step::Rlimit(name),
-                std::io::Error::last_os_error().to_string(),
-            ));
-        }
+    if let Err(e) = lower_rlimits(f.program, &p.slot, &handover) {
+        return fail(e);
     }
     let script = p.start_up(&args, f.start_fd);
     send(f.chan, br#"{"t":"started"}"#);
@@ -245,28 +235,16 @@ fn prepare(slot: &Limits) -> Result<program::Command, StepError> {
             &read
         }
     };
-    for (resource, name, soft, hard) in rlimits(slot, handover) {
-        let limit = libc::rlimit64 {
-            rlim_cur: soft,
-            rlim_max: hard,
-        };
-        // SAFETY: sets a limit of this process from a structure on this frame.
-        if unsafe { libc::prlimit64(0, resource, &limit, std::ptr::null_mut()) } != 0 {
-            return Err(std::io::Error::last_os_error()).step(Step::Rlimit(name));
-        }
-    }
+    lower_rlimits(0, slot, handover)?;
     program::command(
         &handover.argv,
         handover.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
     )
 }
 
-/// The rlimits a run lowers at hand-over (never above the slot's): file size, open files,
-/// CPU time, as (resource, name, soft, hard).
-fn rlimits(
-    slot: &Limits,
-    handover: &HandOver,
-) -> [(libc::__rlimit_resource_t, &'static str, u64, u64); 3] {
+/// Lower the rlimits of `pid` (0: this process; else a child, which init may change) to the
+/// run's, never above the slot's: file size, open files, CPU time.
+fn lower_rlimits(pid: libc::pid_t, slot: &Limits, handover: &HandOver) -> Result<(), StepError> {
     let run = handover.limits.unwrap_or(*slot);
     let mib = 1024 * 1024;
     let fsize = slot.file_size_mb.min(run.file_size_mb) * mib;
@@ -274,11 +252,21 @@ fn rlimits(
     let cpu_s = slot
         .cpu_rlimit_secs()
         .min(handover.cpu_s.unwrap_or(u64::MAX));
-    [
+    for (resource, name, soft, hard) in [
         (libc::RLIMIT_FSIZE, "fsize", fsize, fsize),
         (libc::RLIMIT_NOFILE, "nofile", nofile, nofile),
         (libc::RLIMIT_CPU, "cpu", cpu_s, cpu_s + 1),
-    ]
+    ] {
+        let limit = libc::rlimit64 {
+            rlim_cur: soft,
+            rlim_max: hard,
+        };
+        // SAFETY: sets a limit of `pid` from a structure on this frame.
+        if unsafe { libc::prlimit64(pid, resource, &limit, std::ptr::null_mut()) } != 0 {
+            return Err(std::io::Error::last_os_error()).step(Step::Rlimit(name));
+        }
+    }
+    Ok(())
 }
 
 /// Tell the server a step failed (the message the cold path's program sends, shortened to

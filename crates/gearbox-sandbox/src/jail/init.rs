@@ -281,7 +281,11 @@ fn start_pooled(
         None => {
             if let Some((p, child, start_w)) = prestarted {
                 let vars = env.iter().cloned().collect();
-                if let Some(args) = p.args_of(&handover, &vars) {
+                let alive = matches!(
+                    waitpid(child, Some(WaitPidFlag::WNOHANG)),
+                    Ok(WaitStatus::StillAlive)
+                );
+                if let Some(args) = p.args_of(&handover, &vars).filter(|_| alive) {
                     Msg::Started {
                         init_us: handed.elapsed().as_micros() as u64,
                     }
@@ -292,7 +296,7 @@ fn start_pooled(
                     let _ = std::io::Write::write_all(&mut pipe, p.start_up(args, 3).as_bytes());
                     return Ok(child);
                 }
-                // Not the run bash was started for: a fresh program takes it.
+                // Not the run bash was started for, or bash is gone: a fresh program takes it.
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
                 let _ = waitpid(child, None);
             }

@@ -857,3 +857,62 @@ echo "pre-started: $(tr '\0' '\n' < /proc/$$/environ | grep -c ^BASH_ENV=)"
         );
     }
 }
+
+/// A pre-started bash that dies before its run (killed from outside here) is not the run's
+/// outcome: its init gives the run a fresh program, which runs it as the other path does;
+/// on each warm path (the exec fork server's slot, or, where fork servers do not run, a
+/// helper-built warm sandbox, whose init feeds its bash the same way). The waiting bash is
+/// this engine's alone: its environment carries a marker of its own (the language's, so
+/// that the pool's template and the run share it).
+#[tokio::test]
+async fn a_warm_run_outlives_the_death_of_its_pre_started_bash() {
+    let marker = format!("GB_PRESTART_TEST=gone-{}", std::process::id());
+    let mut bash = gearbox_core::LanguageTable::builtin()
+        .get("bash")
+        .expect("bash is built in")
+        .clone();
+    let (k, v) = marker.split_once('=').expect("a variable");
+    bash.env.insert(k.into(), v.into());
+    let engine = {
+        let _g = crate::support::runtime().enter();
+        let config = Config {
+            pool: PoolConfig::only([("bash".to_string(), 1)]),
+            languages: [("bash".to_string(), bash)].into(),
+            ..Config::default()
+        };
+        Arc::new(Engine::new(config, crate::support::gearbox_bin()))
+    };
+    let path = paths("bash").pop().expect("a warm path").0;
+    wait_warm(&path, &engine).await;
+    // The waiting bash: its environment has the marker and names its start-up pipe.
+    let waiting: Vec<i32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid: &i32| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+            vars.contains(&marker.as_bytes())
+                && vars
+                    .iter()
+                    .any(|v| v.starts_with(b"BASH_ENV=/proc/self/fd/"))
+        })
+        .collect();
+    assert_eq!(
+        waiting.len(),
+        1,
+        "{path}: one pre-started bash: {waiting:?}"
+    );
+    // SAFETY: signals the process found above.
+    unsafe { libc::kill(waiting[0], libc::SIGKILL) };
+    let o = on(
+        &path,
+        &engine,
+        run("bash", "echo \"fine $# $*\"").args(&["a b"]),
+    )
+    .await;
+    assert_eq!(
+        (o.status, o.stdout.as_str()),
+        (Status::Ok, "fine 1 a b\n"),
+        "{path}: {o:?}"
+    );
+}
