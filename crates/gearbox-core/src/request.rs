@@ -24,6 +24,14 @@ pub const MAX_FILES: usize = 256;
 pub const MAX_ENV: usize = 128;
 /// Most arguments one call may pass.
 pub const MAX_ARGS: usize = 256;
+/// Most bytes of one argument, or of one variable (`NAME=value`): the kernel's bound on one
+/// string an `execve` passes (`MAX_ARG_STRLEN`, 32 pages, its NUL included). A program started
+/// by `execve` could not be given more; one started warm could, so every run is held to it.
+pub const MAX_ARG_BYTES: usize = 128 * 1024 - 1;
+/// Most bytes of the command line and the environment together, NULs counted: half of what
+/// an `execve` takes with the sandbox's 8 MiB stack, the rest left to the sandbox's own
+/// variables.
+pub const MAX_ARGV_ENV_BYTES: usize = 1024 * 1024;
 
 /// How a file's `content` is encoded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -184,9 +192,40 @@ impl Job {
         }
         let mut env = lang.spec.env.clone();
         env.extend(req.env.clone());
+        if let Some((i, a)) = req
+            .args
+            .iter()
+            .enumerate()
+            .find(|(_, a)| a.len() > MAX_ARG_BYTES)
+        {
+            return Err(format!(
+                "args[{i}] is {} bytes; an argument may be at most {MAX_ARG_BYTES}",
+                a.len()
+            ));
+        }
+        if let Some((k, v)) = env
+            .iter()
+            .find(|(k, v)| k.len() + 1 + v.len() > MAX_ARG_BYTES)
+        {
+            return Err(format!(
+                "env.{k} is {} bytes with its name; a variable may be at most {MAX_ARG_BYTES}",
+                k.len() + 1 + v.len()
+            ));
+        }
+        let argv = lang.argv(&entry, &req.args);
+        let bytes: usize = argv.iter().map(|a| a.len() + 1).sum::<usize>()
+            + env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>();
+        if bytes > MAX_ARGV_ENV_BYTES {
+            return Err(format!(
+                "args and env take {bytes} bytes together; at most {MAX_ARGV_ENV_BYTES}"
+            ));
+        }
         Ok(Job {
             language: lang.name.clone(),
-            argv: lang.argv(&entry, &req.args),
+            argv,
             program_argv: std::iter::once(entry.clone())
                 .chain(req.args.iter().cloned())
                 .collect(),
@@ -281,6 +320,29 @@ mod tests {
         r.entrypoint = Some("/tmp/x.sh".into());
         let e = Job::build(&r, &bash(), &Limits::default()).expect_err("abs");
         assert!(e.contains("entrypoint_filename"), "{e}");
+    }
+
+    /// What an `execve` could not pass is refused up front, on every path alike (a warm
+    /// program, started before its arguments were known, could be given it).
+    #[test]
+    fn arguments_and_variables_an_exec_could_not_pass_are_refused() {
+        let ok = |r: &ExecRequest| Job::build(r, &bash(), &Limits::default());
+        let mut r = req();
+        r.args = vec!["a".into(), "x".repeat(MAX_ARG_BYTES)];
+        r.env.insert("V".into(), "y".repeat(MAX_ARG_BYTES - 2));
+        assert!(ok(&r).is_ok());
+        r.args[1].push('x');
+        let e = ok(&r).expect_err("one argument too long");
+        assert!(e.starts_with("args[1] is 131072 bytes"), "{e}");
+        r.args[1].pop();
+        r.env.insert("V".into(), "y".repeat(MAX_ARG_BYTES - 1));
+        let e = ok(&r).expect_err("one variable too long");
+        assert!(e.starts_with("env.V is 131072 bytes"), "{e}");
+        let mut r = req();
+        r.args = vec!["x".repeat(MAX_ARG_BYTES); 8];
+        let e = ok(&r).expect_err("too much together");
+        assert!(e.starts_with("args and env take "), "{e}");
+        assert!(e.ends_with("at most 1048576"), "{e}");
     }
 
     #[test]

@@ -884,19 +884,27 @@ async fn a_warm_run_outlives_the_death_of_its_pre_started_bash() {
     };
     let path = paths("bash").pop().expect("a warm path").0;
     wait_warm(&path, &engine).await;
-    // The waiting bash: its environment has the marker and names its start-up pipe.
-    let waiting: Vec<i32> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|pid: &i32| {
-            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
-            vars.contains(&marker.as_bytes())
-                && vars
-                    .iter()
-                    .any(|v| v.starts_with(b"BASH_ENV=/proc/self/fd/"))
-        })
-        .collect();
+    // The waiting bash: its environment has the marker and names its start-up pipe. A
+    // sandbox is ready once its program is forked, which may exec bash a moment later.
+    let waiting = || -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .expect("/proc")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|pid: &i32| {
+                let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+                vars.contains(&marker.as_bytes())
+                    && vars
+                        .iter()
+                        .any(|v| v.starts_with(b"BASH_ENV=/proc/self/fd/"))
+            })
+            .collect()
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while waiting().is_empty() && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = waiting();
     assert_eq!(
         waiting.len(),
         1,
