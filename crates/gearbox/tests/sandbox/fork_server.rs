@@ -1389,15 +1389,7 @@ async fn a_failed_warm_build_is_retried_without_a_run() {
         .expect("python is built in")
         .clone();
     broken.launcher_command = vec!["/bin/false".into(), "{launcher}".into()];
-    let engine = {
-        let _g = crate::support::runtime().enter();
-        let config = Config {
-            pool: PoolConfig::only([("brokenpy".to_string(), 1)]),
-            languages: [("brokenpy".to_string(), broken)].into(),
-            ..Config::default()
-        };
-        Arc::new(Engine::new(config, crate::support::gearbox_bin()))
-    };
+    let engine = crate::support::engine_with_language("brokenpy", broken, 1);
     let until = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         assert!(

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use gearbox_core::{BackendKind, ExecRequest, FileInput, LimitOverrides, Outcome};
-use gearbox_engine::{Config, Engine};
+use gearbox_core::{BackendKind, ExecRequest, FileInput, LanguageSpec, LimitOverrides, Outcome};
+use gearbox_engine::{Config, Engine, PoolConfig};
 
 /// The gearbox binary under test (`GEARBOX_BIN` overrides, for running as another user).
 pub fn gearbox_bin() -> PathBuf {
@@ -40,6 +40,18 @@ pub fn engine() -> &'static Engine {
         let _guard = runtime().enter();
         Engine::new(config, gearbox_bin())
     })
+}
+
+/// An engine whose language `name` is `spec` (beside the built-in ones, or in place of one),
+/// keeping `min` warm sandboxes of it.
+pub fn engine_with_language(name: &str, spec: LanguageSpec, min: usize) -> std::sync::Arc<Engine> {
+    let _g = runtime().enter();
+    let config = Config {
+        pool: PoolConfig::only([(name.to_string(), min)]),
+        languages: [(name.to_string(), spec)].into(),
+        ..Config::default()
+    };
+    std::sync::Arc::new(Engine::new(config, gearbox_bin()))
 }
 
 pub fn is_root() -> bool {
