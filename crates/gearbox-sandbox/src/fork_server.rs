@@ -23,7 +23,8 @@
 //! (`SO_PASSCRED`), translated into the server's pid namespace. The server puts the slot in
 //! a cgroup of its own before it builds anything (`hello` → `go`), keeps a pidfd to the
 //! run's pid 1 (killing it kills every process of the run), and counts the run's time from
-//! the program's `started` (sent before any of the run's code runs) to init's `exited`.
+//! `started` (sent before any of the run's code runs: by the program, or by init for a bash
+//! started before its run, `jail/prestart.rs`) to init's `exited`.
 //! How the run ended comes from its supervisors only: the exit status from init's wait
 //! status, CPU time and peak memory from the run's cgroup (init's rusage of its children
 //! where the cgroup has no CPU figure), the duration from the server's clock. The program
