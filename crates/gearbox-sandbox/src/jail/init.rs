@@ -230,8 +230,8 @@ fn start_pooled(
     let prestarted = match (&pool.launcher, &spec.egress) {
         (None, None) => Prestart::for_runs(&spec.argv, env, &spec.limits)
             .map(|p| {
-                let (start_r, start_w) =
-                    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(Step::CreateJobPipe)?;
+                let (start_r, start_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                    .step(Step::CreateStartUpPipe)?;
                 let (argv, env) = p.command(3);
                 let child = fork_program(
                     argv,
