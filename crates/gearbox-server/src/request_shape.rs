@@ -67,11 +67,7 @@ fn why_unreadable(bytes: &[u8], error: &serde_json::Error) -> Option<(RequestId,
         return None;
     };
     let method = message.get("method")?;
-    let id = match message.get("id")? {
-        Value::String(s) => RequestId::String(s.as_str().into()),
-        Value::Number(n) => RequestId::Number(n.as_i64()?),
-        _ => return None,
-    };
+    let id = answerable_id(message.get("id")?)?;
     let params = message.get("params").filter(|p| !p.is_null());
     let meta = params.and_then(|p| p.get("_meta")).filter(|m| !m.is_null());
     let why = if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
@@ -240,11 +236,16 @@ impl IdScan {
             (None, Some(v)) if v[0] != b'"' => v,
             _ => return None,
         };
-        match serde_json::from_slice::<Value>(&text).ok()? {
-            Value::String(s) => Some(RequestId::String(s.into())),
-            Value::Number(n) => Some(RequestId::Number(n.as_i64()?)),
-            _ => None,
-        }
+        answerable_id(&serde_json::from_slice::<Value>(&text).ok()?)
+    }
+}
+
+/// `id` as a request id, if the protocol allows it: a string or an integer.
+fn answerable_id(id: &Value) -> Option<RequestId> {
+    match id {
+        Value::String(s) => Some(RequestId::String(s.as_str().into())),
+        Value::Number(n) => Some(RequestId::Number(n.as_i64()?)),
+        _ => None,
     }
 }
 

@@ -6,12 +6,12 @@
 //! cases the client that sent a request waits for an answer that never comes. This reader
 //! reads each line once, bounded, and parses it once, as rmcp does (the same type, the same
 //! function); then:
-//! - a line over [`MAX_LINE`] is never held: if it was a request, a small request of the
-//!   stand-in request with its id takes its place (`request_shape::stand_in`), which the
-//!   server answers with an error saying so (`server.rs`). The id is read from the line's top level by
-//!   [`IdScan`] as the bytes pass (strings and nesting tracked, so an `"id"` inside the params
-//!   is not taken for it), wherever it comes in the line; a line without a top-level
-//!   `method` (a response) is not answered;
+//! - a line over [`MAX_LINE`] is never held: if it was a request, a small stand-in request
+//!   under its id takes its place (`request_shape::stand_in`), which the server answers
+//!   with an error saying so (`server.rs`). The id is read from the line's top level by
+//!   [`IdScan`] as the bytes pass (strings and nesting tracked, so an `"id"` inside the
+//!   params is not taken for it), wherever it comes in the line; a line without a
+//!   top-level `method` (a response) is not answered;
 //! - a request of the wrong shape, or nested deeper than serde_json reads (128 levels), with
 //!   an id the protocol allows is replaced by the stand-in of `request_shape.rs`, answered
 //!   `-32600` for its id, saying what is wrong;

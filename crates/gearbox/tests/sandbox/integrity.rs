@@ -27,18 +27,22 @@ fn engine_with(pool: PoolConfig) -> Arc<Engine> {
 /// `cold`, and the warm one (`{language}-fork` where fork servers run: Python's and Node's
 /// own, the exec fork server for the others; else `warm`, a helper-built warm sandbox).
 pub(crate) fn paths(language: &str) -> Vec<(String, Arc<Engine>)> {
-    let warm = if root_and_cgroups("fork-server paths of the integrity checks") {
-        format!("{language}-fork")
-    } else {
-        "warm".to_string()
-    };
     vec![
         ("cold".to_string(), engine_with(PoolConfig::only([]))),
         (
-            warm,
+            warm_path(language),
             engine_with(PoolConfig::only([(language.to_string(), 1)])),
         ),
     ]
+}
+
+/// The name of the warm path a run of `language` takes on this host (see [`paths`]).
+fn warm_path(language: &str) -> String {
+    if root_and_cgroups("fork-server paths of the integrity checks") {
+        format!("{language}-fork")
+    } else {
+        "warm".to_string()
+    }
 }
 
 async fn exec(engine: &Arc<Engine>, req: ExecRequest) -> Outcome {
@@ -875,7 +879,7 @@ async fn a_warm_run_outlives_the_death_of_its_pre_started_bash() {
     let (k, v) = marker.split_once('=').expect("a variable");
     bash.env.insert(k.into(), v.into());
     let engine = crate::support::engine_with_language("bash", bash, 1);
-    let path = paths("bash").pop().expect("a warm path").0;
+    let path = warm_path("bash");
     wait_warm(&path, &engine).await;
     // The waiting bash: its environment has the marker and names its start-up pipe. A
     // sandbox is ready once its program is forked, which may exec bash a moment later.

@@ -294,10 +294,14 @@ fn init(
         Ok(child) => child,
         Err(handed) => return (handed, start_r),
     };
+    // With a feeder, stdin, stdout and stderr stay open here until the run has its program
+    // (a replacement may be forked).
+    if feeder.is_none() {
+        close_all(&[stdin, stdout, stderr]);
+    }
+    send_str(chan, "{\"t\":\"ready\"}");
     if let Some(feed) = feeder {
-        // Stdin, stdout and stderr stay open here for a replacement program.
         close_all(&[start_r]);
-        send_str(chan, "{\"t\":\"ready\"}");
         let fed = feed(&Feed {
             chan,
             stdin,
@@ -328,9 +332,6 @@ fn init(
             }
         }
         close_all(&[stdin, stdout, stderr]);
-    } else {
-        close_all(&[stdin, stdout, stderr]);
-        send_str(chan, "{\"t\":\"ready\"}");
     }
     let mut buf = Buf::new();
     let _ = write!(buf, "{{\"t\":\"exited\",");
