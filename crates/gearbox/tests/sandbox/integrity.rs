@@ -909,6 +909,23 @@ async fn a_warm_run_outlives_the_death_of_its_pre_started_bash() {
     );
     // SAFETY: signals the process found above.
     unsafe { libc::kill(waiting[0], libc::SIGKILL) };
+    // Dead before the run comes (a zombie until its init reaps it): a signal is delivered
+    // at the process's pace, and a bash still dying when init looks is fed and dies in the
+    // run, as a program killed at its start would on any path.
+    let dead = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", waiting[0])).map_or(true, |stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    };
+    while !dead() {
+        assert!(
+            std::time::Instant::now() < until,
+            "{path}: the bash did not die"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let o = on(
         &path,
         &engine,
